@@ -1,0 +1,17 @@
+"""Who is calling: built only from a verified token, never from tool arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    subject: str
+    client: str
+    scopes: frozenset[str]
+    claims: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def holds(self, scope: str) -> bool:
+        return scope in self.scopes

@@ -1,0 +1,89 @@
+"""Tool definitions: what a model may call, what it needs, and what it does to the world.
+
+A toolset builds `Tool` values and registers them; the gate is the only caller of `handler`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from mcp_knecht.core.actor import Actor
+
+Effect = Literal["read", "write"]
+
+
+class ToolInput(BaseModel):
+    """Base for input models: unknown fields are refused, types are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a handler knows about the call besides its arguments."""
+
+    actor: Actor
+    source: str  # "mcp", "approval", … — stamped by the system, never by the caller
+
+
+Handler = Callable[[Any, ToolContext], Awaitable[Any]]
+"""`async (validated_input, context) -> JSON-able result` (a dict, a list or a pydantic model)."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    scope: str
+    input_model: type[BaseModel]
+    handler: Handler
+    effect: Effect = "read"
+    action_effects: Mapping[str, Effect] | None = None
+    """For a tool with an `action` argument: the effect of each action (replaces `effect`)."""
+    output_model: type[BaseModel] | None = None
+    title: str | None = None
+    idempotent: bool = False
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.action_effects is not None and "action" not in self.input_model.model_fields:
+            raise TypeError(f"Tool {self.name} declares action effects but its input has no 'action' field")
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return tuple(self.action_effects or ())
+
+    def effect_of(self, action: str | None) -> Effect:
+        if self.action_effects is None or action is None:
+            return self.effect if self.action_effects is None else "write"
+        return self.action_effects[action]
+
+    @property
+    def effects(self) -> frozenset[Effect]:
+        return frozenset(self.action_effects.values()) if self.action_effects else frozenset({self.effect})
+
+    @cached_property
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    @cached_property
+    def output_schema(self) -> dict[str, Any] | None:
+        return self.output_model.model_json_schema() if self.output_model else None
+
+    def annotations(self) -> dict[str, bool | str]:
+        """MCP tool annotations, derived from the effects so they cannot drift from behaviour."""
+        writes = "write" in self.effects
+        hints: dict[str, bool | str] = {
+            "readOnlyHint": not writes,
+            "destructiveHint": writes,
+            "idempotentHint": self.idempotent or not writes,
+            "openWorldHint": False,
+        }
+        if self.title:
+            hints["title"] = self.title
+        return hints

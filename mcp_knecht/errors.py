@@ -1,0 +1,82 @@
+"""The errors of mcp-knecht: one hierarchy, each with a machine-readable code.
+
+    KnechtError                      (code "internal")
+    ├── ConfigError                  "config"         a config file, flag or variable is wrong
+    │   └── ScopeCatalogueError      "scope_catalogue"  a tool names a scope the catalogue lacks
+    ├── AuthError                    "unauthenticated"  no token, or a token we refuse
+    ├── ToolError                    (raised by the gate and by tools; becomes an error *result*)
+    │   ├── UnknownToolError         "unknown_tool"   unknown, or outside the actor's scopes
+    │   ├── InvalidArgumentsError    "invalid_arguments"  names each bad field
+    │   ├── PolicyDeniedError        "denied"         the policy says deny
+    │   ├── NotFoundError            "not_found"      the thing addressed does not exist (for you)
+    │   └── ConflictError            "conflict"       the state does not allow this now
+    └── StoreError                   "store"          the database refused or is unreachable
+
+A `ToolError` reaches the model as a tool result with `isError` and the message; anything else
+raised inside a tool is logged and reaches the model only as "internal error" with a reference,
+so that internal details (paths, SQL, stack) never leak.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KnechtError(Exception):
+    """Base of all our errors. `message` is safe to show to the user who caused it."""
+
+    code = "internal"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+class ConfigError(KnechtError):
+    code = "config"
+
+
+class ScopeCatalogueError(ConfigError):
+    code = "scope_catalogue"
+
+
+class AuthError(KnechtError):
+    code = "unauthenticated"
+
+
+class ToolError(KnechtError):
+    code = "tool_error"
+
+
+class UnknownToolError(ToolError):
+    code = "unknown_tool"
+
+    def __init__(self, name: str) -> None:
+        # The same message for "does not exist" and "not in your scopes": never reveal which.
+        super().__init__(f"Unknown tool: {name!r}.", details={"tool": name})
+
+
+class InvalidArgumentsError(ToolError):
+    code = "invalid_arguments"
+
+    def __init__(self, tool: str, problems: list[dict[str, str]]) -> None:
+        lines = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
+        super().__init__(f"Invalid arguments for {tool}: {lines}", details={"problems": problems})
+        self.problems = problems
+
+
+class PolicyDeniedError(ToolError):
+    code = "denied"
+
+
+class NotFoundError(ToolError):
+    code = "not_found"
+
+
+class ConflictError(ToolError):
+    code = "conflict"
+
+
+class StoreError(KnechtError):
+    code = "store"

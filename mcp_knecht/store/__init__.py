@@ -1,0 +1,27 @@
+"""Persistence: the database interface, its backends, migrations and the audit log."""
+
+from __future__ import annotations
+
+from mcp_knecht.store.database import Database, Row, Transaction
+from mcp_knecht.store.url import dialect_of
+
+
+async def open_database(url: str, *, migrate: bool = True) -> Database:
+    """Open the store at `url` and bring its schema up to date."""
+    dialect = dialect_of(url)
+    if dialect == "sqlite":
+        from mcp_knecht.store.sqlite import SQLiteDatabase
+
+        db: Database = await SQLiteDatabase.open(url)
+    else:
+        from mcp_knecht.errors import ConfigError
+
+        raise ConfigError("PostgreSQL support is not built yet; use a sqlite:/// URL.")
+    if migrate:
+        from mcp_knecht.store.migrations import apply_migrations
+
+        await apply_migrations(db)
+    return db
+
+
+__all__ = ["Database", "Row", "Transaction", "open_database"]

@@ -1,0 +1,38 @@
+"""The store interface every backend implements (SQLite now, PostgreSQL later).
+
+SQL is written once with `?` placeholders; a backend translates them to its own
+paramstyle. Rows come back as plain dicts. Dialect differences live in the backend
+module and in `sql/<dialect>/` migrations, never in callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+Row = dict[str, Any]
+Params = Sequence[Any]
+
+
+class Transaction(Protocol):
+    """Statements inside one atomic unit; committed when the context exits cleanly."""
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]: ...
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None: ...
+    async def execute(self, sql: str, params: Params = ()) -> int: ...
+    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None: ...
+
+
+class Database(Protocol):
+    dialect: str
+    url: str
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]: ...
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None: ...
+    def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]: ...
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """A write transaction that takes the write lock at once (no upgrade deadlocks)."""
+        ...
+
+    async def close(self) -> None: ...

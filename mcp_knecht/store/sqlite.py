@@ -1,0 +1,133 @@
+"""SQLite backend (the embedded default): WAL, one reader and one writer connection.
+
+Writes take the lock up front with `BEGIN IMMEDIATE`, so two processes (say, two operators'
+CLIs) never deadlock on a read-to-write upgrade; they wait up to the busy timeout instead.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from mcp_knecht.errors import StoreError
+from mcp_knecht.store.database import Params, Row
+from mcp_knecht.store.url import normalise, sqlite_path
+
+BUSY_TIMEOUT_MS = 15_000
+
+
+def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
+    return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
+
+
+async def _connect(path: str) -> aiosqlite.Connection:
+    try:
+        conn = await aiosqlite.connect(path, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"Cannot open SQLite database {path}: {exc}") from exc
+    conn.row_factory = _dict_row
+    await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    await conn.execute("PRAGMA foreign_keys = ON")
+    # NORMAL under WAL: a commit survives a process crash; an OS crash may lose the last
+    # commits but never corrupts. Proposals and decisions ask for FULL per transaction.
+    await conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+class _SQLiteTransaction:
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
+        return list(await self._conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
+        rows = await self._conn.execute_fetchall(sql, params)
+        return next(iter(rows), None)  # type: ignore[arg-type]
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        cursor = await self._conn.execute(sql, params)
+        return cursor.rowcount
+
+    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
+        await self._conn.executemany(sql, rows)
+
+
+class SQLiteDatabase:
+    dialect = "sqlite"
+
+    def __init__(self, url: str, reader: aiosqlite.Connection, writer: aiosqlite.Connection) -> None:
+        self.url = url
+        self._reader = _SQLiteTransaction(reader)
+        self._reader_conn = reader
+        self._writer = writer
+        self._write_lock = anyio.Lock()
+
+    @classmethod
+    async def open(cls, url: str) -> SQLiteDatabase:
+        url = normalise(url)
+        path = sqlite_path(url)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"Cannot create the folder for {path}: {exc.strerror}") from exc
+        writer = await _connect(str(path))
+        try:
+            await writer.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.Error as exc:
+            await writer.close()
+            raise StoreError(f"{path} is not a usable SQLite database: {exc}") from exc
+        reader = await _connect(str(path))
+        return cls(url, reader, writer)
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
+        try:
+            return await self._reader.fetch_all(sql, params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"Database read failed: {exc}") from exc
+
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
+        try:
+            return await self._reader.fetch_one(sql, params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"Database read failed: {exc}") from exc
+
+    async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
+        """Rows one batch at a time on a private connection, so a huge result never sits in memory."""
+        conn = await _connect(sqlite_path(self.url).as_posix())
+        try:
+            cursor = await conn.execute(sql, params)
+            while rows := await cursor.fetchmany(batch):
+                for row in rows:
+                    yield row  # type: ignore[misc]
+        finally:
+            await conn.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_SQLiteTransaction]:
+        async with self._write_lock:
+            try:
+                await self._writer.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"Cannot start a write transaction: {exc}") from exc
+            try:
+                yield _SQLiteTransaction(self._writer)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("ROLLBACK")
+                raise
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"Commit failed: {exc}") from exc
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._reader_conn.close()
+            await self._writer.close()
