@@ -1,0 +1,38 @@
+"""Audit entries and the sink the gate writes them to (the store implements the sink)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+Outcome = Literal[
+    "ran", "failed", "invalid", "denied", "staged", "forbidden",
+    "approved", "rejected", "executed", "execution_failed",
+]
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    source: str
+    subject: str
+    client: str
+    tool: str
+    outcome: Outcome
+    action: str | None = None
+    rule: str | None = None
+    proposal_id: int | None = None
+    arguments_hash: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    duration_ms: float | None = None
+    at: str = field(default_factory=utc_now)
+
+
+class AuditSink(Protocol):
+    def record(self, entry: AuditEntry) -> None:
+        """Accept an entry without blocking the caller; durability is the sink's job."""
+        ...

@@ -1,0 +1,230 @@
+"""Where token keys come from: an HS256 secret, a PEM public key, or a JWKS URL.
+
+Each key kind brings its own algorithm allow-list, so `alg: none` and HS/RS key confusion
+(an HMAC token "signed" with the public PEM as secret) can never verify.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from cryptography.x509 import load_pem_x509_certificate
+
+from mcp_knecht.errors import ConfigError
+
+ENV_SECRET = "KNECHT_JWT_SECRET"
+ENV_PUBLIC_KEY = "KNECHT_JWT_PUBLIC_KEY"
+ENV_JWKS_URL = "KNECHT_JWKS_URL"
+ENV_ISSUER = "KNECHT_JWT_ISSUER"
+ENV_AUDIENCE = "KNECHT_JWT_AUDIENCE"
+
+DEFAULT_ISSUER = "mcp-knecht"
+DEFAULT_AUDIENCE = "mcp-knecht"
+DEV_SECRET_FILENAME = "jwt-secret"
+MIN_SECRET_BYTES = 32
+MIN_RSA_BITS = 2048
+
+# HS384/HS512 need a key at least as long as their digest; shorter secrets only get HS256.
+_HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
+ASYMMETRIC_ALGORITHMS: tuple[str, ...] = (
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+)
+_EC_ALGORITHM_BY_CURVE = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+
+PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | ed448.Ed448PublicKey
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSettings:
+    """How tokens are verified (and, with a secret, minted). Exactly one key kind is set."""
+
+    secret: str | None = field(default=None, repr=False)
+    public_key_path: Path | None = None
+    jwks_url: str | None = None
+    issuer: str = DEFAULT_ISSUER
+    audience: str = DEFAULT_AUDIENCE
+    leeway_seconds: int = 30
+    # Set when the secret is the generated dev secret, so the CLI can say where it lives.
+    dev_secret_path: Path | None = None
+    dev_secret_created: bool = False
+
+    def __post_init__(self) -> None:
+        configured = [
+            name
+            for name, value in (
+                (ENV_SECRET, self.secret),
+                (ENV_PUBLIC_KEY, self.public_key_path),
+                (ENV_JWKS_URL, self.jwks_url),
+            )
+            if value
+        ]
+        if len(configured) != 1:
+            raise ConfigError(
+                f"Configure exactly one token key: {ENV_SECRET}, {ENV_PUBLIC_KEY} or {ENV_JWKS_URL}"
+                + (f" (got {', '.join(configured)})." if configured else " (none is set).")
+            )
+        if self.secret is not None and len(self.secret.encode()) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"The JWT secret is too short: it needs at least {MIN_SECRET_BYTES} bytes. "
+                'Generate one with: python -c "import secrets; print(secrets.token_urlsafe(48))"'
+            )
+        if self.jwks_url is not None:
+            _check_jwks_url(self.jwks_url)
+        if not self.issuer or not self.audience:
+            raise ConfigError(f"{ENV_ISSUER} and {ENV_AUDIENCE} must not be empty.")
+        if self.leeway_seconds < 0:
+            raise ConfigError("The token clock leeway must not be negative.")
+
+    @property
+    def key_kind(self) -> str:
+        """"secret", "public_key" or "jwks"."""
+        if self.secret is not None:
+            return "secret"
+        return "public_key" if self.public_key_path is not None else "jwks"
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """The algorithms this key kind may ever accept (the verifier narrows further by key type)."""
+        if self.secret is not None:
+            length = len(self.secret.encode())
+            return tuple(alg for alg, minimum in _HMAC_MIN_BYTES.items() if length >= minimum)
+        return ASYMMETRIC_ALGORITHMS
+
+    def describe(self) -> str:
+        """Where the key comes from, for startup logs; never the key itself."""
+        if self.dev_secret_path is not None:
+            verb = "generated" if self.dev_secret_created else "using"
+            return f"{verb} dev secret (HS256) at {self.dev_secret_path}"
+        if self.secret is not None:
+            return f"HS256 secret from {ENV_SECRET}"
+        if self.public_key_path is not None:
+            return f"public key {self.public_key_path}"
+        return f"JWKS at {self.jwks_url}"
+
+
+def load_token_settings(
+    data_dir: Path, env: Mapping[str, str], *, create_dev_secret: bool
+) -> TokenSettings:
+    """Build settings from KNECHT_JWT_* variables; fall back to `<data_dir>/jwt-secret`.
+
+    Callers merge flags into `env` first, so flags win.
+    """
+    secret = env.get(ENV_SECRET) or None
+    public_key = env.get(ENV_PUBLIC_KEY) or None
+    jwks_url = env.get(ENV_JWKS_URL) or None
+    common: dict[str, Any] = {
+        "issuer": env.get(ENV_ISSUER) or DEFAULT_ISSUER,
+        "audience": env.get(ENV_AUDIENCE) or DEFAULT_AUDIENCE,
+    }
+    if secret or public_key or jwks_url:
+        public_key_path = Path(public_key).expanduser() if public_key else None
+        settings = TokenSettings(
+            secret=secret, public_key_path=public_key_path, jwks_url=jwks_url, **common
+        )
+        if public_key_path is not None:
+            load_public_key(public_key_path)  # fail at startup, not on the first request
+        return settings
+
+    path = Path(data_dir) / DEV_SECRET_FILENAME
+    created = False
+    if not path.exists():
+        if not create_dev_secret:
+            raise ConfigError(
+                f"No token key configured: set {ENV_SECRET}, {ENV_PUBLIC_KEY} or {ENV_JWKS_URL}, "
+                f"or start the server once to generate a dev secret at {path}."
+            )
+        created = _create_dev_secret(path)
+    return TokenSettings(
+        secret=_read_dev_secret(path),
+        dev_secret_path=path,
+        dev_secret_created=created,
+        **common,
+    )
+
+
+def _create_dev_secret(path: Path) -> bool:
+    """Write a fresh secret so that it appears complete or not at all; False if we lost a race."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(secrets.token_urlsafe(48) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        # link() refuses to replace: a concurrent first start keeps the other process's secret.
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_dev_secret(path: Path) -> str:
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if os.name == "posix" and mode & 0o077:
+        raise ConfigError(
+            f"The dev secret {path} is readable by others (mode {mode:o}); "
+            f"run: chmod 600 {path}"
+        )
+    secret = path.read_text(encoding="utf-8").strip()
+    if len(secret.encode()) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"The dev secret in {path} is shorter than {MIN_SECRET_BYTES} bytes; "
+            "delete the file to have a new one generated."
+        )
+    return secret
+
+
+def _check_jwks_url(url: str) -> None:
+    parts = urlsplit(url)
+    loopback = parts.hostname in {"localhost", "127.0.0.1", "::1"}
+    # Keys fetched over plain HTTP could be swapped in transit; allow it only on this machine.
+    if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+        raise ConfigError(f"{ENV_JWKS_URL} must be an https:// URL (got {url!r}).")
+
+
+def load_public_key(path: Path) -> PublicKey:
+    """Read a PEM public key (or the public key of a PEM certificate) and check it is usable."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the JWT public key {path}: {exc.strerror}.") from exc
+    if b"PRIVATE KEY" in data:
+        # Do not parse it: a private key has no business on the verifying side.
+        raise ConfigError(f"{path} holds a private key; {ENV_PUBLIC_KEY} needs the public key only.")
+    try:
+        if b"BEGIN CERTIFICATE" in data:
+            key: Any = load_pem_x509_certificate(data).public_key()
+        else:
+            key = load_pem_public_key(data)
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a PEM public key or certificate.") from exc
+    algorithms_for_key(key, source=str(path))
+    return key
+
+
+def algorithms_for_key(key: object, *, source: str = "the key") -> tuple[str, ...]:
+    """The JWS algorithms that fit this public key's type (and nothing else)."""
+    if isinstance(key, rsa.RSAPublicKey):
+        if key.key_size < MIN_RSA_BITS:
+            raise ConfigError(f"{source} is an RSA key of {key.key_size} bits; at least {MIN_RSA_BITS} needed.")
+        return ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        alg = _EC_ALGORITHM_BY_CURVE.get(key.curve.name)
+        if alg is None:
+            raise ConfigError(f"{source} uses the unsupported curve {key.curve.name}.")
+        return (alg,)
+    if isinstance(key, ed25519.Ed25519PublicKey | ed448.Ed448PublicKey):
+        return ("EdDSA",)
+    raise ConfigError(f"{source} is not an RSA, EC or Ed25519/Ed448 public key.")

@@ -1,0 +1,117 @@
+"""Mint tokens: HS256 with the shared secret, or with a private key the admin hands us."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+
+from mcp_knecht.core.auth.keys import TokenSettings, algorithms_for_key, load_public_key
+from mcp_knecht.errors import ConfigError
+
+DEFAULT_TTL = timedelta(hours=8)
+MAX_TTL = timedelta(days=365)
+_TTL_PART = re.compile(r"(\d+)([smhdw])")
+_TTL_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def mint_token(
+    settings: TokenSettings,
+    *,
+    subject: str,
+    scopes: Iterable[str],
+    client: str = "cli",
+    ttl: timedelta = DEFAULT_TTL,
+    private_key_pem: bytes | None = None,
+    key_id: str | None = None,
+    now: datetime | None = None,
+) -> str:
+    """Return a signed JWT that this server's `TokenVerifier` accepts.
+
+    `now` exists for tests and for minting tokens that start later.
+    """
+    if not isinstance(subject, str) or not subject.strip():
+        raise ConfigError("A token needs a subject (--sub NAME).")
+    if ttl <= timedelta(0) or ttl > MAX_TTL:
+        raise ConfigError(f"Token lifetime must be positive and at most {MAX_TTL.days} days.")
+    scope_list = sorted(set(scopes))
+    for scope in scope_list:
+        if not isinstance(scope, str) or not scope or any(ch.isspace() for ch in scope):
+            raise ConfigError(f"Invalid scope name {scope!r}: scopes are single words like 'projects:read'.")
+
+    issued = (now or datetime.now(UTC)).replace(microsecond=0)
+    claims: dict[str, Any] = {
+        "iss": settings.issuer,
+        "aud": settings.audience,
+        "sub": subject,
+        "iat": issued,
+        "nbf": issued,
+        "exp": issued + ttl,
+        "jti": secrets.token_urlsafe(16),
+        "scope": " ".join(scope_list),
+        "client_id": client,
+    }
+    headers = {"kid": key_id} if key_id else None
+    if settings.secret is not None:
+        return jwt.encode(claims, settings.secret, algorithm="HS256", headers=headers)
+    if private_key_pem is None:
+        raise ConfigError("Minting needs the private key; tokens come from your identity provider.")
+    private_key = _load_private_key(private_key_pem)
+    public_key = private_key.public_key()
+    if settings.public_key_path is not None and not _same_key(public_key, settings.public_key_path):
+        raise ConfigError(
+            f"The private key does not match the public key {settings.public_key_path}; "
+            "tokens signed with it would be refused."
+        )
+    algorithm = algorithms_for_key(public_key, source="the private key")[0]
+    return jwt.encode(claims, private_key, algorithm=algorithm, headers=headers)
+
+
+def parse_ttl(text: str) -> timedelta:
+    """Parse a lifetime like "8h", "30m", "7d", "3600s" or "1h30m"."""
+    compact = text.strip().lower().replace(" ", "") if isinstance(text, str) else ""
+    if not compact or _TTL_PART.sub("", compact):
+        raise ConfigError(
+            f"Invalid duration {text!r}: use a number with a unit, e.g. 30m, 8h, 7d or 3600s."
+        )
+    try:
+        ttl = sum(
+            (timedelta(**{_TTL_UNITS[unit]: int(number)}) for number, unit in _TTL_PART.findall(compact)),
+            timedelta(0),
+        )
+    except OverflowError as exc:
+        raise ConfigError(f"Duration {text!r} is too long.") from exc
+    if ttl <= timedelta(0):
+        raise ConfigError(f"Duration {text!r} must be longer than zero.")
+    if ttl > MAX_TTL:
+        raise ConfigError(f"Duration {text!r} is longer than the maximum of {MAX_TTL.days} days.")
+    return ttl
+
+
+PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
+
+
+def _load_private_key(pem: bytes) -> PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        # The message of the underlying error could echo key bytes; keep it out.
+        raise ConfigError("The private key is not an unencrypted PEM private key.") from exc
+    if not isinstance(key, PrivateKey):
+        raise ConfigError("The private key must be RSA, EC or Ed25519/Ed448.")
+    return key
+
+
+def _same_key(public_key: Any, path: Any) -> bool:
+    def der(key: Any) -> bytes:
+        return key.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    return der(public_key) == der(load_public_key(path))

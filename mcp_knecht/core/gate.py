@@ -1,0 +1,231 @@
+"""The gate: the only way any tool runs.
+
+    call_tool(actor, name, arguments)
+      1. look up      unknown, or outside the actor's scopes → the same "unknown tool"
+      2. validate     against the input model → an error naming each bad field; nothing runs
+      3. decide       policy for Tool.Action → Tool → default
+      4. act          deny → refused; approve → staged as a proposal; auto → run
+      5. audit        every outcome, with the rule that decided it
+
+MCP calls, execution of approved proposals and in-server features all come through here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.audit import AuditEntry, AuditSink, Outcome
+from mcp_knecht.core.canonical import canonical_json, sha256_hex
+from mcp_knecht.core.policy import Decision, Policy
+from mcp_knecht.core.registry import Registry
+from mcp_knecht.core.tools import Tool, ToolContext
+from mcp_knecht.core.validation import validate_arguments
+from mcp_knecht.errors import (
+    InvalidArgumentsError,
+    PolicyDeniedError,
+    ToolError,
+    UnknownToolError,
+)
+
+logger = logging.getLogger(__name__)
+
+_MAX_AUDITED_NAME = 200
+_MAX_AUDITED_ARGUMENTS = 4_000
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    outcome: Outcome
+    text: str
+    data: dict[str, Any] | None = None
+    is_error: bool = False
+    error_code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenCall:
+    """A validated call as it will be stored and, if approved, executed."""
+
+    tool: Tool
+    action: str | None
+    arguments: BaseModel
+    arguments_json: str
+    arguments_hash: str
+    decision: Decision
+
+
+class Stager(Protocol):
+    async def stage(self, call: FrozenCall, actor: Actor) -> dict[str, Any]:
+        """Persist `call` as a pending proposal; return at least `{"id": …, "status": "pending"}`."""
+        ...
+
+
+Scrubber = Callable[[str], str]
+
+
+def _no_scrub(text: str) -> str:
+    return text
+
+
+def _error(outcome: Outcome, exc: ToolError) -> GateResult:
+    data = {"error": {"code": exc.code, "message": exc.message, **exc.details}}
+    return GateResult(outcome, exc.message, data, is_error=True, error_code=exc.code)
+
+
+class Gate:
+    def __init__(
+        self,
+        registry: Registry,
+        audit: AuditSink,
+        *,
+        policy: Callable[[], Policy] = Policy,
+        stager: Stager | None = None,
+        scrub: Scrubber = _no_scrub,
+    ) -> None:
+        self.registry = registry
+        self._audit = audit
+        self._policy = policy
+        self._stager = stager
+        self._scrub = scrub
+
+    def visible_tools(self, actor: Actor) -> list[Tool]:
+        policy = self._policy()
+        return [tool for tool in self.registry.in_scope(actor) if not policy.hides(tool)]
+
+    def policy(self) -> Policy:
+        return self._policy()
+
+    async def call_tool(
+        self, actor: Actor, name: str, arguments: object, *, source: str = "mcp"
+    ) -> GateResult:
+        started = time.perf_counter()
+        tool = self._look_up(actor, name)
+        if tool is None:
+            return self._finish(actor, source, started, self._forbidden(name), name, arguments=arguments)
+        try:
+            validated = validate_arguments(tool.name, tool.input_model, arguments)
+        except InvalidArgumentsError as exc:
+            return self._finish(actor, source, started, _error("invalid", exc), name, arguments=arguments)
+        action = getattr(validated, "action", None) if tool.action_effects else None
+        decision = self._policy().decide(tool, action)
+        if decision.mode == "deny":
+            denied = PolicyDeniedError(f"{tool.name}{'.' + action if action else ''} is denied by policy.")
+            return self._finish(actor, source, started, _error("denied", denied), name, action, decision)
+        if decision.mode == "approve":
+            result, call = await self._stage(actor, tool, action, validated, decision)
+            return self._finish(actor, source, started, result, name, action, decision, call=call)
+        result = await self.execute(actor, tool, validated, source=source)
+        return self._finish(actor, source, started, result, name, action, decision, validated=validated)
+
+    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: str) -> GateResult:
+        """Run a validated call. Shared by the gate and the executor of approved proposals."""
+        try:
+            raw = await tool.handler(arguments, ToolContext(actor=actor, source=source))
+        except ToolError as exc:
+            return _error("failed", exc)
+        except Exception:
+            reference = uuid.uuid4().hex[:12]
+            logger.exception("Tool %s failed (reference %s)", tool.name, reference)
+            message = f"Internal error in {tool.name} (reference {reference}); the server log has details."
+            return GateResult("failed", message, {"error": {"code": "internal", "message": message}},
+                              is_error=True, error_code="internal")
+        return self._render(raw)
+
+    def _look_up(self, actor: Actor, name: object) -> Tool | None:
+        tool = self.registry.get(name) if isinstance(name, str) else None
+        if tool is None or not actor.holds(tool.scope) or self._policy().hides(tool):
+            return None
+        return tool
+
+    def _forbidden(self, name: str) -> GateResult:
+        return _error("forbidden", UnknownToolError(str(name)[:_MAX_AUDITED_NAME]))
+
+    async def _stage(
+        self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision
+    ) -> tuple[GateResult, FrozenCall | None]:
+        if self._stager is None:
+            refused = PolicyDeniedError(
+                f"{tool.name} needs approval, but this server has no proposal store configured."
+            )
+            return _error("denied", refused), None
+        arguments_json = canonical_json(validated.model_dump(mode="json"))
+        call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision)
+        try:
+            proposal = await self._stager.stage(call, actor)
+        except ToolError as exc:
+            return _error("failed", exc), call
+        text = f"Submitted for approval (#{proposal['id']})."
+        return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call
+
+    def _render(self, raw: Any) -> GateResult:
+        if isinstance(raw, BaseModel):
+            raw = raw.model_dump(mode="json")
+        data = raw if isinstance(raw, dict) else {"result": raw}
+        text = json.dumps(data, ensure_ascii=False, default=str)
+        scrubbed = self._scrub(text)
+        if scrubbed is not text and scrubbed != text:
+            data = json.loads(scrubbed)
+        return GateResult("ran", scrubbed, data)
+
+    def _scrub_data(self, data: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps(data, ensure_ascii=False, default=str)
+        scrubbed = self._scrub(text)
+        return data if scrubbed == text else json.loads(scrubbed)
+
+    def _finish(
+        self,
+        actor: Actor,
+        source: str,
+        started: float,
+        result: GateResult,
+        name: str,
+        action: str | None = None,
+        decision: Decision | None = None,
+        *,
+        arguments: object = None,
+        validated: BaseModel | None = None,
+        call: FrozenCall | None = None,
+    ) -> GateResult:
+        detail: dict[str, Any] = {}
+        if result.error_code:
+            detail["error"] = result.error_code
+        if arguments is not None:
+            detail["arguments"] = self._scrub(_bounded_repr(arguments))
+        proposal_id = result.data.get("id") if result.outcome == "staged" and result.data else None
+        arguments_hash = call.arguments_hash if call else None
+        if validated is not None and arguments_hash is None and result.outcome in ("ran", "failed"):
+            arguments_hash = sha256_hex(canonical_json(validated.model_dump(mode="json")))
+        self._audit.record(
+            AuditEntry(
+                source=source,
+                subject=actor.subject,
+                client=actor.client,
+                tool=str(name)[:_MAX_AUDITED_NAME],
+                action=action,
+                outcome=result.outcome,
+                rule=decision.rule if decision else None,
+                proposal_id=proposal_id if isinstance(proposal_id, int) else None,
+                arguments_hash=arguments_hash,
+                detail=detail,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
+        )
+        return result
+
+
+def _bounded_repr(arguments: object) -> str:
+    """Arguments of a refused call, for the audit log; bounded, since they may be hostile."""
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        text = repr(arguments)
+    return text if len(text) <= _MAX_AUDITED_ARGUMENTS else text[:_MAX_AUDITED_ARGUMENTS] + "…(truncated)"

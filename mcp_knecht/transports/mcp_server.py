@@ -1,0 +1,94 @@
+"""The MCP face of the gate: a low-level SDK server whose tool list is computed per caller."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+
+from mcp_knecht import __version__
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.gate import Gate, GateResult
+from mcp_knecht.core.tools import Tool
+
+ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
+
+INSTRUCTIONS = (
+    "mcp-knecht gives you the data of the Knecht CI system: projects, workflows, runs and logs. "
+    "You only see the tools your token allows. Tools that change something may be staged: the call "
+    "returns 'Submitted for approval (#ID)' at once and a human decides later; that is not a failure. "
+    "Follow up with get_proposal when you need the outcome."
+)
+
+
+def _mcp_tool(tool: Tool, staged: bool) -> types.Tool:
+    description = tool.description
+    if staged:
+        description += (
+            "\n\nThis tool is staged: calling it submits a proposal for human approval and returns "
+            "'Submitted for approval (#ID)' immediately; it does not run until an operator approves it."
+        )
+    annotations = tool.annotations()
+    return types.Tool(
+        name=tool.name,
+        title=tool.title,
+        description=description,
+        input_schema=tool.input_schema,
+        output_schema=tool.output_schema,
+        annotations=types.ToolAnnotations(
+            title=annotations.get("title"),  # type: ignore[arg-type]
+            read_only_hint=bool(annotations["readOnlyHint"]),
+            destructive_hint=bool(annotations["destructiveHint"]),
+            idempotent_hint=bool(annotations["idempotentHint"]),
+            open_world_hint=False,
+        ),
+    )
+
+
+def _call_result(result: GateResult) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=result.text)],
+        structured_content=result.data,
+        is_error=result.is_error,
+    )
+
+
+_NOT_AUTHENTICATED = types.CallToolResult(
+    content=[types.TextContent(type="text", text="Not authenticated: this request carries no valid token.")],
+    is_error=True,
+)
+
+
+def build_mcp_server(gate: Gate, resolve_actor: ActorResolver) -> Server[Any]:
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        actor = resolve_actor(ctx)
+        if actor is None:
+            return types.ListToolsResult(tools=[])
+        policy = gate.policy()
+        tools = [
+            _mcp_tool(tool, staged=any(policy.decide(tool, a).mode == "approve" for a in (tool.actions or (None,))))
+            for tool in gate.visible_tools(actor)
+        ]
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        actor = resolve_actor(ctx)
+        if actor is None:
+            return _NOT_AUTHENTICATED
+        result = await gate.call_tool(actor, params.name, params.arguments, source="mcp")
+        return _call_result(result)
+
+    return Server(
+        "mcp-knecht",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
