@@ -36,7 +36,16 @@ MIN_RSA_BITS = 2048
 # HS384/HS512 need a key at least as long as their digest; shorter secrets only get HS256.
 _HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 ASYMMETRIC_ALGORITHMS: tuple[str, ...] = (
-    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
 )
 _EC_ALGORITHM_BY_CURVE = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
 
@@ -86,7 +95,7 @@ class TokenSettings:
 
     @property
     def key_kind(self) -> str:
-        """"secret", "public_key" or "jwks"."""
+        """One of "secret", "public_key" or "jwks"."""
         if self.secret is not None:
             return "secret"
         return "public_key" if self.public_key_path is not None else "jwks"
@@ -111,9 +120,7 @@ class TokenSettings:
         return f"JWKS at {self.jwks_url}"
 
 
-def load_token_settings(
-    data_dir: Path, env: Mapping[str, str], *, create_dev_secret: bool
-) -> TokenSettings:
+def load_token_settings(data_dir: Path, env: Mapping[str, str], *, create_dev_secret: bool) -> TokenSettings:
     """Build settings from KNECHT_JWT_* variables; fall back to `<data_dir>/jwt-secret`.
 
     Callers merge flags into `env` first, so flags win.
@@ -127,9 +134,7 @@ def load_token_settings(
     }
     if secret or public_key or jwks_url:
         public_key_path = Path(public_key).expanduser() if public_key else None
-        settings = TokenSettings(
-            secret=secret, public_key_path=public_key_path, jwks_url=jwks_url, **common
-        )
+        settings = TokenSettings(secret=secret, public_key_path=public_key_path, jwks_url=jwks_url, **common)
         if public_key_path is not None:
             load_public_key(public_key_path)  # fail at startup, not on the first request
         return settings
@@ -174,8 +179,7 @@ def _read_dev_secret(path: Path) -> str:
     mode = stat.S_IMODE(path.stat().st_mode)
     if os.name == "posix" and mode & 0o077:
         raise ConfigError(
-            f"The dev secret {path} is readable by others (mode {mode:o}); "
-            f"run: chmod 600 {path}"
+            f"The dev secret {path} is readable by others (mode {mode:o}); run: chmod 600 {path}"
         )
     secret = path.read_text(encoding="utf-8").strip()
     if len(secret.encode()) < MIN_SECRET_BYTES:
@@ -218,7 +222,9 @@ def algorithms_for_key(key: object, *, source: str = "the key") -> tuple[str, ..
     """The JWS algorithms that fit this public key's type (and nothing else)."""
     if isinstance(key, rsa.RSAPublicKey):
         if key.key_size < MIN_RSA_BITS:
-            raise ConfigError(f"{source} is an RSA key of {key.key_size} bits; at least {MIN_RSA_BITS} needed.")
+            raise ConfigError(
+                f"{source} is an RSA key of {key.key_size} bits; at least {MIN_RSA_BITS} are needed."
+            )
         return ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
     if isinstance(key, ec.EllipticCurvePublicKey):
         alg = _EC_ALGORITHM_BY_CURVE.get(key.curve.name)

@@ -20,6 +20,10 @@ MAX_TTL = timedelta(days=365)
 _TTL_PART = re.compile(r"(\d+)([smhdw])")
 _TTL_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
+PrivateKey = (
+    rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
+)
+
 
 def mint_token(
     settings: TokenSettings,
@@ -77,9 +81,7 @@ def parse_ttl(text: str) -> timedelta:
     """Parse a lifetime like "8h", "30m", "7d", "3600s" or "1h30m"."""
     compact = text.strip().lower().replace(" ", "") if isinstance(text, str) else ""
     if not compact or _TTL_PART.sub("", compact):
-        raise ConfigError(
-            f"Invalid duration {text!r}: use a number with a unit, e.g. 30m, 8h, 7d or 3600s."
-        )
+        raise ConfigError(f"Invalid duration {text!r}: use a number with a unit, e.g. 30m, 8h, 7d or 3600s.")
     try:
         ttl = sum(
             (timedelta(**{_TTL_UNITS[unit]: int(number)}) for number, unit in _TTL_PART.findall(compact)),
@@ -92,9 +94,6 @@ def parse_ttl(text: str) -> timedelta:
     if ttl > MAX_TTL:
         raise ConfigError(f"Duration {text!r} is longer than the maximum of {MAX_TTL.days} days.")
     return ttl
-
-
-PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
 
 
 def _load_private_key(pem: bytes) -> PrivateKey:
@@ -110,8 +109,6 @@ def _load_private_key(pem: bytes) -> PrivateKey:
 
 def _same_key(public_key: Any, path: Any) -> bool:
     def der(key: Any) -> bytes:
-        return key.public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
     return der(public_key) == der(load_public_key(path))

@@ -119,9 +119,7 @@ class TokenVerifier:
         except jwt.ExpiredSignatureError as exc:
             raise AuthError("Token has expired; get a new one (mcp-knecht token mint).") from exc
         except jwt.ImmatureSignatureError as exc:
-            raise AuthError(
-                "Token is not yet valid (nbf/iat lies in the future); check the clocks."
-            ) from exc
+            raise AuthError("Token is not yet valid (nbf/iat lies in the future); check the clocks.") from exc
         except jwt.InvalidAudienceError as exc:
             raise AuthError(
                 f"Token is for another audience; this server expects aud={settings.audience!r}."
@@ -161,11 +159,13 @@ def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
         if name not in claims:
             continue
         value = claims[name]
-        # Some identity providers send `scp` as a string as well; both forms mean the same.
+        # `scope` is a string (RFC 8693); some identity providers send `scp` as one too.
         if isinstance(value, str):
             scopes.update(value.split())
-        elif isinstance(value, list) and all(
-            isinstance(item, str) and item and not any(ch.isspace() for ch in item) for item in value
+        elif (
+            name == "scp"
+            and isinstance(value, list)
+            and all(isinstance(item, str) and item and not any(ch.isspace() for ch in item) for item in value)
         ):
             scopes.update(value)
         else:
