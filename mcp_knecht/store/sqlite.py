@@ -31,11 +31,11 @@ async def _connect(path: str) -> aiosqlite.Connection:
     except sqlite3.Error as exc:
         raise StoreError(f"Cannot open SQLite database {path}: {exc}") from exc
     conn.row_factory = _dict_row
-    await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    await conn.execute("PRAGMA foreign_keys = ON")
+    await conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    await conn.execute_fetchall("PRAGMA foreign_keys = ON")
     # NORMAL under WAL: a commit survives a process crash; an OS crash may lose the last
     # commits but never corrupts. Proposals and decisions ask for FULL per transaction.
-    await conn.execute("PRAGMA synchronous = NORMAL")
+    await conn.execute_fetchall("PRAGMA synchronous = NORMAL")
     return conn
 
 
@@ -78,7 +78,7 @@ class SQLiteDatabase:
             raise StoreError(f"Cannot create the folder for {path}: {exc.strerror}") from exc
         writer = await _connect(str(path))
         try:
-            await writer.execute("PRAGMA journal_mode = WAL")
+            await writer.execute_fetchall("PRAGMA journal_mode = WAL")
         except sqlite3.Error as exc:
             await writer.close()
             raise StoreError(f"{path} is not a usable SQLite database: {exc}") from exc

@@ -1,0 +1,253 @@
+"""`mcp-knecht`: serve, mint tokens, fill demo data.
+
+Imports are local to each command: a stdio server's cold start pays only for what it uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from mcp_knecht.errors import KnechtError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+_EPILOG = """\
+examples:
+  mcp-knecht quickstart                       demo data, a token, client config, HTTP server
+  mcp-knecht demo-data                        fill the default SQLite database
+  mcp-knecht token mint --sub alice --profile claude-code
+  KNECHT_TOKEN=... mcp-knecht serve           stdio (what Claude Code and Cursor launch)
+  mcp-knecht serve --transport http --port 8765
+"""
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from mcp_knecht.config import load_settings
+
+    return load_settings(db=getattr(args, "db", None), config=getattr(args, "config", None))
+
+
+def _token_settings(settings, *, announce: bool = True):  # type: ignore[no-untyped-def]
+    from mcp_knecht.core.auth import load_token_settings
+
+    token_settings = load_token_settings(settings.data_dir, settings.env, create_dev_secret=True)
+    if announce and token_settings.dev_secret_created:
+        _say(f"mcp-knecht: generated a dev signing secret at {token_settings.dev_secret_path} (mode 0600).")
+    return token_settings
+
+
+# --- serve -------------------------------------------------------------------------------------
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    settings = _settings(args)
+    token_settings = _token_settings(settings)
+    from mcp_knecht.core.auth import TokenVerifier
+
+    verifier = TokenVerifier(token_settings)
+    if args.transport == "stdio":
+        token = os.environ.get("KNECHT_TOKEN", "").strip()
+        if not token:
+            _say(
+                "mcp-knecht: KNECHT_TOKEN is not set. Mint a token and pass it in the environment:\n"
+                "  export KNECHT_TOKEN=$(mcp-knecht token mint --sub $USER --profile claude-code)"
+            )
+            return EXIT_USAGE
+        from mcp_knecht.errors import AuthError
+
+        try:
+            actor = verifier.verify(token)
+        except AuthError as exc:
+            _say(
+                f"mcp-knecht: KNECHT_TOKEN was refused: {exc.message}\n"
+                "Mint a new one with: mcp-knecht token mint --sub $USER --profile claude-code"
+            )
+            return EXIT_USAGE
+        return anyio.run(_serve_stdio, settings, actor)
+    return anyio.run(_serve_http, settings, verifier, args)
+
+
+async def _serve_stdio(settings, actor) -> int:  # type: ignore[no-untyped-def]
+    from mcp_knecht.app import open_app
+    from mcp_knecht.transports.stdio import serve_stdio
+
+    async with open_app(settings) as app:
+        await serve_stdio(app, actor)
+    return EXIT_OK
+
+
+async def _serve_http(settings, verifier, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from mcp_knecht.app import open_app
+    from mcp_knecht.transports.http import serve_http
+
+    async with open_app(settings) as app:
+        _say(
+            f"mcp-knecht: serving MCP at http://{args.host}:{args.port}/mcp "
+            f"({'stateless' if args.stateless else 'sessions'}; database {settings.database_url})"
+        )
+        await serve_http(app, verifier, host=args.host, port=args.port, stateless=args.stateless,
+                         public_url=args.public_url)
+    return EXIT_OK
+
+
+# --- token -------------------------------------------------------------------------------------
+
+
+def _cmd_token_mint(args: argparse.Namespace) -> int:
+    from mcp_knecht.core.auth import mint_token, parse_ttl
+    from mcp_knecht.core.scopes import load_scopes
+
+    settings = _settings(args)
+    catalogue = load_scopes(settings.scopes_dir)
+    scopes: list[str] = list(catalogue.profile(args.profile).scopes) if args.profile else []
+    scopes += args.scope or []
+    if not scopes:
+        _say("mcp-knecht: give --profile NAME or at least one --scope S.")
+        return EXIT_USAGE
+    catalogue.check_known(scopes, "token mint")
+    private_key = None
+    if args.private_key:
+        with open(args.private_key, "rb") as handle:
+            private_key = handle.read()
+    token = mint_token(
+        _token_settings(settings),
+        subject=args.sub,
+        scopes=scopes,
+        client=args.client,
+        ttl=parse_ttl(args.ttl),
+        private_key_pem=private_key,
+    )
+    print(token)
+    return EXIT_OK
+
+
+# --- demo-data ---------------------------------------------------------------------------------
+
+
+def _cmd_demo_data(args: argparse.Namespace) -> int:
+    import anyio
+
+    settings = _settings(args)
+
+    async def fill() -> int:
+        from mcp_knecht.knecht.demo import fill_demo_data
+        from mcp_knecht.store import open_database
+
+        db = await open_database(settings.database_url)
+        try:
+            summary = await fill_demo_data(db, seed=args.seed, runs=args.runs, progress=_say)
+        finally:
+            await db.close()
+        _say(f"mcp-knecht: demo data written to {settings.database_url}")
+        print(summary.describe() if hasattr(summary, "describe") else summary)
+        return EXIT_OK
+
+    return anyio.run(fill)
+
+
+# --- quickstart --------------------------------------------------------------------------------
+
+
+def _cmd_quickstart(args: argparse.Namespace) -> int:
+    import anyio
+
+    from mcp_knecht.cli.quickstart import prepare, print_client_config
+
+    settings = _settings(args)
+    token_settings = _token_settings(settings)
+    token = anyio.run(prepare, settings, token_settings, args.sub)
+    print_client_config(settings, token, host=args.host, port=args.port)
+    if args.no_serve:
+        return EXIT_OK
+    from mcp_knecht.core.auth import TokenVerifier
+
+    args.stateless, args.public_url = False, None
+    return anyio.run(_serve_http, settings, TokenVerifier(token_settings), args)
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", metavar="URL", help="database URL (sqlite:///PATH or postgresql://…); "
+                        "default $KNECHT_DATABASE_URL or knecht.db in the data dir")
+    parser.add_argument("--config", metavar="DIR", help="folder with policies.toml and scopes/; "
+                        "default $KNECHT_CONFIG_DIR, the working directory or the source checkout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcp-knecht",
+        description="A gated MCP server over Knecht CI data: scoped tools, staged writes, audit.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--stateless", action="store_true",
+                       help="HTTP without server-side sessions, for replicas behind a load balancer")
+    serve.add_argument("--public-url", help="base URL clients use, if not http://HOST:PORT")
+    _common(serve)
+    serve.set_defaults(handler=_cmd_serve)
+
+    token = commands.add_parser("token", help="tokens for MCP clients")
+    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="COMMAND")
+    mint = token_commands.add_parser(
+        "mint", help="print a signed JWT",
+        epilog="example: mcp-knecht token mint --sub alice --profile readonly --ttl 7d",
+    )
+    mint.add_argument("--sub", required=True, help="the subject: who the token acts for")
+    who = mint.add_argument_group("scopes (one of)")
+    who.add_argument("--profile", help="a profile from scopes/profiles.toml")
+    who.add_argument("--scope", action="append", help="a scope from scopes/catalogue.toml (repeatable)")
+    mint.add_argument("--ttl", default="8h", help="lifetime such as 30m, 8h, 7d (default 8h)")
+    mint.add_argument("--client", default="cli", help="client name recorded in the audit log")
+    mint.add_argument("--private-key", metavar="PEM", help="signing key when verification uses a public key")
+    _common(mint)
+    mint.set_defaults(handler=_cmd_token_mint)
+
+    demo = commands.add_parser("demo-data", help="fill a database with deterministic demo data")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--runs", type=int, default=600, help="number of runs (default 600)")
+    _common(demo)
+    demo.set_defaults(handler=_cmd_demo_data)
+
+    quick = commands.add_parser(
+        "quickstart", help="demo data + a token + client config, then serve over HTTP"
+    )
+    quick.add_argument("--sub", default=os.environ.get("USER") or "developer")
+    quick.add_argument("--host", default="127.0.0.1")
+    quick.add_argument("--port", type=int, default=8765)
+    quick.add_argument("--no-serve", action="store_true", help="print the config and exit")
+    _common(quick)
+    quick.set_defaults(handler=_cmd_quickstart)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except KnechtError as exc:
+        _say(f"mcp-knecht: {exc.message}")
+        return EXIT_USAGE if exc.code in ("config", "scope_catalogue") else EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

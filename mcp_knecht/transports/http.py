@@ -1,0 +1,124 @@
+"""Streamable HTTP at /mcp: a bearer token per request, verified by our own verifier.
+
+Without a valid token the SDK answers 401 with `WWW-Authenticate` pointing at the RFC 9728
+protected-resource metadata, which we serve at `/.well-known/oauth-protected-resource` (and
+at the path-suffixed form the SDK derives). Stateless mode keeps no session in memory, so
+replicas behind a load balancer can answer any request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import ServerRequestContext
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from mcp_knecht.app import App
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.auth import TokenVerifier
+from mcp_knecht.errors import AuthError, ConfigError
+from mcp_knecht.transports.mcp_server import build_mcp_server
+
+MCP_PATH = "/mcp"
+
+
+class _SdkTokenVerifier:
+    """Adapts our verifier to the SDK's protocol: `None` means "refuse with 401"."""
+
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self._verifier = verifier
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            actor = await self._verifier.averify(token)
+        except AuthError:
+            return None
+        exp = actor.claims.get("exp")
+        return AccessToken(
+            token=token,
+            client_id=actor.client,
+            scopes=sorted(actor.scopes),
+            expires_at=exp if isinstance(exp, int) else None,
+            subject=actor.subject,
+            claims=actor.claims,
+        )
+
+
+def _actor_from(token: AccessToken) -> Actor:
+    return Actor(
+        subject=token.subject or "",
+        client=token.client_id,
+        scopes=frozenset(token.scopes),
+        claims=token.claims or {},
+    )
+
+
+def _resolve_actor(ctx: ServerRequestContext[Any]) -> Actor | None:
+    request = ctx.request
+    user = request.scope.get("user") if isinstance(request, Request) else None
+    if isinstance(user, AuthenticatedUser):
+        return _actor_from(user.access_token)
+    token = get_access_token()
+    return _actor_from(token) if token else None
+
+
+def build_http_app(
+    app: App,
+    verifier: TokenVerifier,
+    *,
+    public_url: str,
+    stateless: bool = False,
+    host: str = "127.0.0.1",
+) -> Starlette:
+    """The ASGI app. `public_url` is the base URL clients use (it names the protected resource)."""
+    server = build_mcp_server(app.gate, _resolve_actor)
+    resource_url = public_url.rstrip("/") + MCP_PATH
+    metadata = {
+        "resource": resource_url,
+        "authorization_servers": [public_url.rstrip("/")],
+        "scopes_supported": sorted(app.catalogue.scopes),
+        "bearer_methods_supported": ["header"],
+        "resource_name": "mcp-knecht",
+    }
+
+    async def protected_resource_metadata(request: Request) -> JSONResponse:
+        return JSONResponse(metadata)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        stateless_http=stateless,
+        host=host,
+        auth=AuthSettings(
+            issuer_url=public_url.rstrip("/"),  # type: ignore[arg-type]
+            resource_server_url=resource_url,  # type: ignore[arg-type]
+            validate_token_resource=False,  # our verifier checks the audience itself
+        ),
+        token_verifier=_SdkTokenVerifier(verifier),
+        custom_starlette_routes=[
+            Route("/.well-known/oauth-protected-resource", protected_resource_metadata, methods=["GET"]),
+            Route("/healthz", health, methods=["GET"]),
+        ],
+    )
+
+
+async def serve_http(app: App, verifier: TokenVerifier, *, host: str, port: int, stateless: bool,
+                     public_url: str | None = None) -> None:
+    import uvicorn
+
+    base = public_url or f"http://{host}:{port}"
+    asgi = build_http_app(app, verifier, public_url=base, stateless=stateless, host=host)
+    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on")
+    try:
+        await uvicorn.Server(config).serve()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind
+        raise ConfigError(f"The HTTP server could not start on {host}:{port} (is the port in use?).") from exc
