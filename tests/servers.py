@@ -1,0 +1,63 @@
+"""Real server subprocesses for end-to-end tests: `mcp-knecht serve --transport http`."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.conftest import server_env
+
+
+def knecht_executable() -> str:
+    beside_python = Path(sys.executable).parent / "mcp-knecht"
+    return str(beside_python) if beside_python.exists() else (shutil.which("mcp-knecht") or "mcp-knecht")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def http_server(env: dict[str, str], *extra_args: str, timeout: float = 30.0) -> Iterator[str]:
+    """Start a server on a free port; yield its base URL; always stop it."""
+    port = free_port()
+    process = subprocess.Popen(
+        [knecht_executable(), "serve", "--transport", "http", "--host", "127.0.0.1", "--port", str(port),
+         *extra_args],
+        env=server_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}: {process.stderr.read()}")  # type: ignore[union-attr]
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become ready in time")
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

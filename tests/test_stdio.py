@@ -1,0 +1,58 @@
+"""A real `mcp-knecht serve` subprocess over stdio, driven by the SDK's client."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.conftest import server_env
+from tests.servers import knecht_executable
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def test_stdio_server_serves_the_tools_of_its_token(  # type: ignore[no-untyped-def]
+    demo_env: dict[str, str], mint: Callable[..., str], protocol_mode: str
+) -> None:
+    params = StdioServerParameters(
+        command=knecht_executable(), args=["serve"],
+        env=server_env(demo_env, KNECHT_TOKEN=mint("dave", ["projects:read"])),
+    )
+    async with Client(params, mode=protocol_mode) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert names == {"list_projects", "get_project"}
+        result = await client.call_tool("list_projects", {})
+        assert not result.is_error and len(result.structured_content["projects"]) >= 5
+        refused = await client.call_tool("list_runs", {})
+        assert refused.is_error and "Unknown tool" in refused.content[0].text
+
+
+def run_serve(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [knecht_executable(), "serve"], env=server_env(env), input="", capture_output=True, text=True, timeout=60
+    )
+
+
+def test_without_a_token_the_server_exits_and_says_how_to_mint_one(demo_env: dict[str, str]) -> None:
+    result = run_serve(demo_env)
+    assert result.returncode != 0
+    assert "KNECHT_TOKEN" in result.stderr and "token mint" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["forged", "expired", "garbage"])
+def test_a_refused_token_stops_the_server_with_the_reason(  # type: ignore[no-untyped-def]
+    demo_env: dict[str, str], mint: Callable[..., str], kind: str
+) -> None:
+    token = {
+        "forged": mint()[:-4] + "AAAA",
+        "expired": mint(ttl=timedelta(seconds=1), now=datetime(2020, 1, 1, tzinfo=UTC)),
+        "garbage": "not-a-jwt",
+    }[kind]
+    result = run_serve({**demo_env, "KNECHT_TOKEN": token})
+    assert result.returncode != 0
+    assert "refused" in result.stderr and "token mint" in result.stderr
