@@ -87,8 +87,6 @@ def demo_db_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         db = await open_database(f"sqlite:///{path}")
         try:
             await fill_demo_data(db)
-            async with db.transaction() as tx:
-                await tx.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             await db.close()
 

@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,20 +31,21 @@ def free_port() -> int:
 def http_server(env: dict[str, str], *extra_args: str, timeout: float = 30.0) -> Iterator[str]:
     """Start a server on a free port; yield its base URL; always stop it."""
     port = free_port()
+    errors = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen(
         [knecht_executable(), "serve", "--transport", "http", "--host", "127.0.0.1", "--port", str(port),
          *extra_args],
         env=server_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=errors,
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}: {process.stderr.read()}")  # type: ignore[union-attr]
+                errors.seek(0)
+                raise RuntimeError(f"server exited with {process.returncode}: {errors.read()}")
             try:
                 with urllib.request.urlopen(base + "/healthz", timeout=1) as response:
                     if response.status == 200:
@@ -61,3 +63,4 @@ def http_server(env: dict[str, str], *extra_args: str, timeout: float = 30.0) ->
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        errors.close()

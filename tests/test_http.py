@@ -116,7 +116,7 @@ def test_refused_tokens_get_401_with_resource_metadata(base_url: str, token, sec
         assert challenge.startswith("Bearer"), kind
         assert "resource_metadata=" in challenge, kind
     status, _, _ = _post_mcp(base_url, token())
-    assert status == 200
+    assert status != 401  # past authentication (a bare request may still lack a session)
 
 
 def test_protected_resource_metadata_is_served_at_the_well_known_path(base_url: str) -> None:

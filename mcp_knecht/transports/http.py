@@ -94,7 +94,7 @@ def build_http_app(
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    return server.streamable_http_app(
+    asgi = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         stateless_http=stateless,
         host=host,
@@ -104,11 +104,12 @@ def build_http_app(
             validate_token_resource=False,  # our verifier checks the audience itself
         ),
         token_verifier=_SdkTokenVerifier(verifier),
-        custom_starlette_routes=[
-            Route("/.well-known/oauth-protected-resource", protected_resource_metadata, methods=["GET"]),
-            Route("/healthz", health, methods=["GET"]),
-        ],
+        custom_starlette_routes=[Route("/healthz", health, methods=["GET"])],
     )
+    # Ours first, so both well-known paths describe the same resource with its scopes.
+    for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource" + MCP_PATH):
+        asgi.router.routes.insert(0, Route(path, protected_resource_metadata, methods=["GET"]))
+    return asgi
 
 
 async def serve_http(app: App, verifier: TokenVerifier, *, host: str, port: int, stateless: bool,

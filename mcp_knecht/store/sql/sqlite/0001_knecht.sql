@@ -58,6 +58,7 @@ CREATE INDEX runs_by_workflow ON runs (workflow_id, id DESC);
 CREATE INDEX runs_by_status ON runs (status, id DESC);
 CREATE INDEX runs_by_project_status ON runs (project_id, status, id DESC);
 CREATE INDEX runs_by_branch ON runs (project_id, branch, id DESC);
+CREATE INDEX runs_by_rerun_of ON runs (rerun_of);
 
 CREATE TABLE actions (
     id          INTEGER PRIMARY KEY,
