@@ -1,4 +1,5 @@
-"""Composition root: config, store, toolsets, gate — assembled once, used by every transport."""
+"""Composition root: config, store, toolsets, policy, gate — assembled once, used by every
+transport and by the approval CLI."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import anyio
 
 from mcp_knecht.config import Settings
 from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.policy_file import PolicySource
+from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scopes import ScopeCatalogue, load_scopes
+from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
+from mcp_knecht.core.toolset import Toolset, load_factory
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditLog
+from mcp_knecht.store.proposals import SqlProposalRepository
+
+FOLLOWUP_TOOLSET = "mcp_knecht.followup:toolset"
 
 
 @dataclass(frozen=True)
@@ -23,29 +31,45 @@ class App:
     db: Database
     audit: AuditLog
     registry: Registry
+    policy: PolicySource
+    proposals: SqlProposalRepository
     gate: Gate
     catalogue: ScopeCatalogue
+    prompts: tuple[Prompt, ...]
 
 
-def build_registry(db: Database, extra_tools: Iterable[Tool] = ()) -> Registry:
-    from mcp_knecht.knecht.tools import knecht_tools
+def load_toolsets(settings: Settings, db: Database) -> list[Toolset]:
+    return [load_factory(spec)(db) for spec in (*settings.toolsets, FOLLOWUP_TOOLSET)]
 
-    return Registry([*knecht_tools(db), *extra_tools])
+
+def assemble(settings: Settings, db: Database, audit: AuditLog, *, extra_tools: Iterable[Tool] = ()) -> App:
+    """Everything but the background tasks; fails closed on any config problem."""
+    catalogue = load_scopes(settings.scopes_dir)
+    toolsets = load_toolsets(settings, db)
+    registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
+    registry.check_scopes(catalogue.scopes)
+    prompts = tuple(prompt for ts in toolsets for prompt in ts.prompts)
+    for prompt in prompts:
+        catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
+    policy = PolicySource(settings.policy_file, registry)
+    proposals = SqlProposalRepository(db)
+    gate = Gate(registry, audit, policy=policy, stager=ProposalStager(proposals, ttl=settings.proposal_ttl))
+    return App(settings, db, audit, registry, policy, proposals, gate, catalogue, prompts)
 
 
 @asynccontextmanager
-async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = ()) -> AsyncIterator[App]:
-    catalogue = load_scopes(settings.scopes_dir)
+async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
+                   watch_policy: bool = True) -> AsyncIterator[App]:
     db = await open_database(settings.database_url)
     try:
-        registry = build_registry(db, extra_tools)
-        registry.check_scopes(catalogue.scopes)
         audit = AuditLog(db)
-        gate = Gate(registry, audit)
+        app = assemble(settings, db, audit, extra_tools=extra_tools)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(audit.run)
+            if watch_policy:
+                tasks.start_soon(app.policy.watch)
             try:
-                yield App(settings, db, audit, registry, gate, catalogue)
+                yield app
             finally:
                 tasks.cancel_scope.cancel()
                 await audit.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from mcp_knecht.errors import ConfigError
@@ -13,6 +14,9 @@ from mcp_knecht.store.url import normalise
 DATA_DIR_ENV = "KNECHT_DATA_DIR"
 DATABASE_URL_ENV = "KNECHT_DATABASE_URL"
 CONFIG_DIR_ENV = "KNECHT_CONFIG_DIR"
+TOOLSETS_ENV = "KNECHT_TOOLSETS"
+PROPOSAL_TTL_ENV = "KNECHT_PROPOSAL_TTL"
+DEFAULT_TOOLSETS = ("mcp_knecht.knecht:toolset",)
 
 
 def default_data_dir(env: Mapping[str, str]) -> Path:
@@ -49,6 +53,10 @@ class Settings:
     database_url: str
     config_dir: Path
     env: Mapping[str, str]
+    toolsets: tuple[str, ...] = DEFAULT_TOOLSETS
+    """Import paths `module:function` of the domain toolsets to serve."""
+    proposal_ttl: timedelta = timedelta(hours=24)
+    """How long a proposal waits for a decision before it expires."""
 
     @property
     def scopes_dir(self) -> Path:
@@ -65,9 +73,17 @@ def load_settings(
     env = dict(os.environ if env is None else env)
     data_dir = default_data_dir(env)
     url = db or env.get(DATABASE_URL_ENV) or f"sqlite:///{data_dir / 'knecht.db'}"
+    toolsets = tuple(s.strip() for s in env.get(TOOLSETS_ENV, "").split(",") if s.strip())
+    ttl = timedelta(hours=24)
+    if raw_ttl := env.get(PROPOSAL_TTL_ENV):
+        from mcp_knecht.core.auth.minting import parse_ttl
+
+        ttl = parse_ttl(raw_ttl)
     return Settings(
         data_dir=data_dir,
         database_url=normalise(url),
         config_dir=find_config_dir(config, env),
         env=env,
+        toolsets=toolsets or DEFAULT_TOOLSETS,
+        proposal_ttl=ttl,
     )

@@ -10,6 +10,10 @@
     │   ├── PolicyDeniedError        "denied"         the policy says deny
     │   ├── NotFoundError            "not_found"      the thing addressed does not exist (for you)
     │   └── ConflictError            "conflict"       the state does not allow this now
+    ├── DecisionError                (an operator's approve/reject could not take effect)
+    │   ├── NotPendingError          "not_pending"    unknown, expired, already decided (lost race)
+    │   ├── SelfApprovalError        "self_approval"  operators cannot approve their own proposals
+    │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
     └── StoreError                   "store"          the database refused or is unreachable
 
 A `ToolError` reaches the model as a tool result with `isError` and the message; anything else
@@ -76,6 +80,22 @@ class NotFoundError(ToolError):
 
 class ConflictError(ToolError):
     code = "conflict"
+
+
+class DecisionError(KnechtError):
+    code = "decision"
+
+
+class NotPendingError(DecisionError):
+    code = "not_pending"
+
+
+class SelfApprovalError(DecisionError):
+    code = "self_approval"
+
+
+class HashMismatchError(DecisionError):
+    code = "hash_mismatch"
 
 
 class StoreError(KnechtError):

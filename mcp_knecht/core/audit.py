@@ -36,3 +36,9 @@ class AuditSink(Protocol):
     def record(self, entry: AuditEntry) -> None:
         """Accept an entry without blocking the caller; durability is the sink's job."""
         ...
+
+
+class DurableAuditSink(AuditSink, Protocol):
+    async def flush(self) -> None:
+        """Make every recorded entry durable before returning."""
+        ...

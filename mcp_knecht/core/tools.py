@@ -34,6 +34,10 @@ class ToolContext:
 Handler = Callable[[Any, ToolContext], Awaitable[Any]]
 """`async (validated_input, context) -> JSON-able result` (a dict, a list or a pydantic model)."""
 
+Previewer = Callable[[Any, ToolContext], Awaitable[dict[str, Any] | None]]
+"""`async (validated_input, context) -> current state of what the call would change`, as the
+proposer may read it; frozen into the proposal so the operator sees what they approve."""
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -48,6 +52,7 @@ class Tool:
     output_model: type[BaseModel] | None = None
     title: str | None = None
     idempotent: bool = False
+    preview: Previewer | None = None
     tags: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ def _row_hash(fields: dict[str, Any], prev_hash: str) -> str:
 
 async def append_entries(tx: Transaction, entries: Sequence[AuditEntry]) -> None:
     """Extend the chain by `entries` inside an open write transaction."""
+    await tx.lock("audit_log")
     last = await tx.fetch_one("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
     next_id, prev_hash = (last["id"] + 1, last["hash"]) if last else (1, GENESIS)
     rows = []

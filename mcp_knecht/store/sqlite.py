@@ -57,6 +57,9 @@ class _SQLiteTransaction:
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
         await self._conn.executemany(sql, rows)
 
+    async def lock(self, name: str) -> None:
+        """`BEGIN IMMEDIATE` already holds the database's single write lock."""
+
 
 class SQLiteDatabase:
     dialect = "sqlite"

@@ -1,0 +1,25 @@
+"""Prompts: named message templates a client can offer as slash commands."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PromptArgument:
+    name: str
+    description: str
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    description: str
+    scope: str
+    """Offered only to actors holding this scope (the tools it points at need it)."""
+    arguments: tuple[PromptArgument, ...]
+    render: Callable[[dict[str, str]], Awaitable[str]]
+    """`async (arguments) -> the user message`; raise InvalidArgumentsError for bad arguments."""
+    title: str | None = None

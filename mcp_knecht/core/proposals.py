@@ -1,0 +1,119 @@
+"""Proposals: frozen calls, and the repository interface the store implements for them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from mcp_knecht.core.actor import Actor
+
+Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"]
+STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
+OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
+DEFAULT_TTL = timedelta(hours=24)
+
+
+def timestamp(moment: datetime | None = None) -> str:
+    """One fixed ISO format, so that timestamps compare correctly as text on every backend."""
+    return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    id: int
+    tool: str
+    action: str | None
+    arguments_json: str
+    arguments_hash: str
+    proposer_subject: str
+    proposer_client: str
+    proposer_scopes: tuple[str, ...]
+    rule: str
+    preview: dict[str, Any] | None
+    status: Status
+    created_at: str
+    expires_at: str
+    decided_by: str | None = None
+    decided_at: str | None = None
+    reason: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Proposal:
+        return cls(
+            id=row["id"], tool=row["tool"], action=row["action"],
+            arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
+            proposer_subject=row["proposer_subject"], proposer_client=row["proposer_client"],
+            proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
+            preview=json.loads(row["preview_json"]) if row["preview_json"] else None,
+            status=row["status"], created_at=row["created_at"], expires_at=row["expires_at"],
+            decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
+            started_at=row["started_at"], finished_at=row["finished_at"],
+            result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
+        )
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return json.loads(self.arguments_json)  # type: ignore[no-any-return]
+
+    @property
+    def proposer(self) -> Actor:
+        return Actor(self.proposer_subject, self.proposer_client, frozenset(self.proposer_scopes))
+
+    @property
+    def call_name(self) -> str:
+        return f"{self.tool}.{self.action}" if self.action else self.tool
+
+    @property
+    def shown_status(self) -> str:
+        """What an operator should read: a proposal left `executing` by a crash is not "running"."""
+        return "executing (outcome unknown if the approver stopped)" if self.status == "executing" else self.status
+
+    def public(self) -> dict[str, Any]:
+        """The proposal as the proposer's agent sees it."""
+        return {
+            "id": self.id, "tool": self.tool, "action": self.action, "status": self.status,
+            "arguments": self.arguments, "arguments_hash": self.arguments_hash,
+            "created_at": self.created_at, "expires_at": self.expires_at,
+            "decided_by": self.decided_by, "decided_at": self.decided_at, "reason": self.reason,
+            "finished_at": self.finished_at, "result": self.result, "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class NewProposal:
+    tool: str
+    action: str | None
+    arguments_json: str
+    arguments_hash: str
+    proposer: Actor
+    rule: str
+    preview: dict[str, Any] | None
+    created_at: str
+    expires_at: str
+
+
+class ProposalRepository(Protocol):
+    """Persistence of proposals. Every transition is one conditional, atomic update."""
+
+    async def create(self, proposal: NewProposal) -> int: ...
+    async def get(self, proposal_id: int) -> Proposal | None: ...
+    async def list(self, *, status: str | None = None, subject: str | None = None,
+                   limit: int = 100, after_id: int = 0) -> list[Proposal]: ...
+    async def expire_overdue(self, now: str) -> int: ...
+    async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
+        """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
+        ...
+    async def reject(self, proposal_id: int, operator: str, reason: str, now: str) -> bool: ...
+    async def start_execution(self, proposal_id: int, now: str) -> bool:
+        """approved → executing."""
+        ...
+    async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
+                     error: str | None, now: str) -> bool:
+        """executing → succeeded | failed."""
+        ...

@@ -1,0 +1,61 @@
+"""Staging: a call the policy sends for approval becomes a frozen, pending proposal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.gate import FrozenCall
+from mcp_knecht.core.proposals import DEFAULT_TTL, NewProposal, ProposalRepository, timestamp
+from mcp_knecht.core.tools import ToolContext
+
+
+class ProposalStager:
+    def __init__(
+        self,
+        proposals: ProposalRepository,
+        *,
+        ttl: timedelta = DEFAULT_TTL,
+        scrub: Callable[[str], str] = lambda text: text,
+    ) -> None:
+        self._proposals = proposals
+        self._ttl = ttl
+        self._scrub = scrub
+
+    async def _preview(self, call: FrozenCall, actor: Actor) -> dict[str, Any] | None:
+        if call.tool.preview is None:
+            return None
+        preview = await call.tool.preview(call.arguments, ToolContext(actor=actor, source="mcp"))
+        if preview is None:
+            return None
+        return json.loads(self._scrub(json.dumps(preview, ensure_ascii=False, default=str)))  # type: ignore[no-any-return]
+
+    async def stage(self, call: FrozenCall, actor: Actor) -> dict[str, Any]:
+        preview = await self._preview(call, actor)
+        now = datetime.now(UTC)
+        expires = timestamp(now + self._ttl)
+        proposal_id = await self._proposals.create(
+            NewProposal(
+                tool=call.tool.name,
+                action=call.action,
+                arguments_json=call.arguments_json,
+                arguments_hash=call.arguments_hash,
+                proposer=actor,
+                rule=call.decision.rule,
+                preview=preview,
+                created_at=timestamp(now),
+                expires_at=expires,
+            )
+        )
+        return {
+            "id": proposal_id,
+            "status": "pending",
+            "tool": call.tool.name,
+            "action": call.action,
+            "arguments_hash": call.arguments_hash,
+            "expires_at": expires,
+            "next": f"A human decides; follow up with get_proposal(id={proposal_id}).",
+        }

@@ -1,0 +1,82 @@
+"""Follow-up for agents: what became of the proposals they submitted.
+
+A proposal of another subject answers exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from pydantic import Field
+
+from mcp_knecht.core.proposals import OPEN, STATUSES, Proposal, ProposalRepository, timestamp
+from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
+from mcp_knecht.core.toolset import Toolset
+from mcp_knecht.errors import NotFoundError
+
+MAX_WAIT_SECONDS = 50  # clients time out near 60 s
+POLL_INTERVAL = 0.25
+
+
+class GetProposalInput(ToolInput):
+    id: int = Field(ge=1, description="The proposal id from 'Submitted for approval (#ID)'.")
+    wait_seconds: int = Field(
+        default=0, ge=0, le=MAX_WAIT_SECONDS,
+        description=f"Wait up to this many seconds (at most {MAX_WAIT_SECONDS}) for a decision and its "
+        "outcome before answering; 0 answers at once.",
+    )
+
+
+class ListProposalsInput(ToolInput):
+    status: str | None = Field(
+        default=None, pattern="^(" + "|".join(STATUSES) + ")$",
+        description="Only proposals with this status: " + ", ".join(STATUSES) + ".",
+    )
+    limit: int = Field(default=20, ge=1, le=50, description="How many, newest first (1–50).")
+
+
+GET_PROPOSAL = """\
+Get one of your proposals (a staged call awaiting human approval) by id: its status (pending, \
+approved, executing, succeeded, failed, rejected, expired), who decided and when, the rejection \
+reason, and the result or error of its execution. With wait_seconds > 0 it waits (up to 50 s) for a \
+decision and the outcome, so call it again if it is still pending. 'executing' that does not change \
+means the approver stopped mid-way and the outcome is unknown; it is never re-run by itself."""
+
+LIST_PROPOSALS = """\
+List your own proposals, newest first, optionally only those with one status. Use it to find out \
+which of your staged calls were approved, rejected or have expired."""
+
+
+def _own(proposal: Proposal | None, subject: str, proposal_id: int) -> Proposal:
+    if proposal is None or proposal.proposer_subject != subject:
+        raise NotFoundError(f"Proposal #{proposal_id} does not exist.")
+    return proposal
+
+
+def followup_tools(proposals: ProposalRepository) -> list[Tool]:
+    async def get_proposal(args: GetProposalInput, ctx: ToolContext) -> dict[str, Any]:
+        await proposals.expire_overdue(timestamp())
+        proposal = _own(await proposals.get(args.id), ctx.actor.subject, args.id)
+        with anyio.move_on_after(args.wait_seconds):
+            while proposal.status in OPEN and args.wait_seconds:
+                await anyio.sleep(POLL_INTERVAL)
+                await proposals.expire_overdue(timestamp())
+                proposal = _own(await proposals.get(args.id), ctx.actor.subject, args.id)
+        return proposal.public()
+
+    async def list_proposals(args: ListProposalsInput, ctx: ToolContext) -> dict[str, Any]:
+        await proposals.expire_overdue(timestamp())
+        found = await proposals.list(status=args.status, subject=ctx.actor.subject, limit=args.limit)
+        return {"proposals": [p.public() for p in found]}
+
+    return [
+        Tool("get_proposal", GET_PROPOSAL, "proposals:read", GetProposalInput, get_proposal),
+        Tool("list_proposals", LIST_PROPOSALS, "proposals:read", ListProposalsInput, list_proposals),
+    ]
+
+
+def toolset(db: Any) -> Toolset:
+    from mcp_knecht.store.proposals import SqlProposalRepository
+
+    return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(db)))

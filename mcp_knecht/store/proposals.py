@@ -1,0 +1,89 @@
+"""Proposals in SQL. Each state change is a single `UPDATE … WHERE status = <expected>`, so of
+any number of racing processes (or replicas) exactly one sees a row change."""
+
+from __future__ import annotations
+
+import json
+
+from mcp_knecht.core.proposals import NewProposal, Proposal
+from mcp_knecht.store.database import Database
+
+_SELECT = "SELECT * FROM proposals"
+
+
+class SqlProposalRepository:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create(self, proposal: NewProposal) -> int:
+        async with self._db.transaction() as tx:
+            row = await tx.fetch_one(
+                "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, proposer_subject,"
+                " proposer_client, proposer_scopes, rule, preview_json, status, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) RETURNING id",
+                (
+                    proposal.tool, proposal.action, proposal.arguments_json, proposal.arguments_hash,
+                    proposal.proposer.subject, proposal.proposer.client,
+                    " ".join(sorted(proposal.proposer.scopes)), proposal.rule,
+                    json.dumps(proposal.preview, ensure_ascii=False) if proposal.preview is not None else None,
+                    proposal.created_at, proposal.expires_at,
+                ),
+            )
+        assert row is not None
+        return int(row["id"])
+
+    async def get(self, proposal_id: int) -> Proposal | None:
+        row = await self._db.fetch_one(f"{_SELECT} WHERE id = ?", (proposal_id,))
+        return Proposal.from_row(row) if row else None
+
+    async def list(self, *, status: str | None = None, subject: str | None = None,
+                   limit: int = 100, after_id: int = 0) -> list[Proposal]:
+        where, params = ["id > ?"], [after_id]
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if subject is not None:
+            where.append("proposer_subject = ?")
+            params.append(subject)
+        rows = await self._db.fetch_all(
+            f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?", (*params, limit)
+        )
+        return [Proposal.from_row(row) for row in rows]
+
+    async def _update(self, sql: str, params: tuple[object, ...]) -> bool:
+        async with self._db.transaction() as tx:
+            return await tx.execute(sql, params) == 1
+
+    async def expire_overdue(self, now: str) -> int:
+        async with self._db.transaction() as tx:
+            return await tx.execute(
+                "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ?", (now,)
+            )
+
+    async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
+        return await self._update(
+            "UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ?"
+            " WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?",
+            (operator, now, proposal_id, now, operator),
+        )
+
+    async def reject(self, proposal_id: int, operator: str, reason: str, now: str) -> bool:
+        return await self._update(
+            "UPDATE proposals SET status = 'rejected', decided_by = ?, decided_at = ?, reason = ?"
+            " WHERE id = ? AND status = 'pending' AND expires_at > ?",
+            (operator, now, reason, proposal_id, now),
+        )
+
+    async def start_execution(self, proposal_id: int, now: str) -> bool:
+        return await self._update(
+            "UPDATE proposals SET status = 'executing', started_at = ? WHERE id = ? AND status = 'approved'",
+            (now, proposal_id),
+        )
+
+    async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
+                     error: str | None, now: str) -> bool:
+        return await self._update(
+            "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
+            " WHERE id = ? AND status = 'executing'",
+            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id),
+        )
