@@ -157,6 +157,12 @@ class Gate:
                 f"{tool.name} needs approval, but this server has no proposal store configured."
             )
             return _error("denied", refused), None
+        try:
+            if tool.freeze is not None:
+                frozen = await tool.freeze(validated, ToolContext(actor=actor, source="mcp"))
+                validated = validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
+        except ToolError as exc:
+            return _error("failed", exc), None
         arguments_json = canonical_json(validated.model_dump(mode="json"))
         call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision)
         try:

@@ -34,6 +34,11 @@ class ToolContext:
 Handler = Callable[[Any, ToolContext], Awaitable[Any]]
 """`async (validated_input, context) -> JSON-able result` (a dict, a list or a pydantic model)."""
 
+Freezer = Callable[[Any, ToolContext], Awaitable[BaseModel]]
+"""`async (validated_input, context) -> input with everything decided at proposal time filled in`
+(a branch resolved to a commit SHA, the base version of a definition). Applied before a call is
+frozen, so the operator approves — and the hash covers — what will actually run."""
+
 Previewer = Callable[[Any, ToolContext], Awaitable[dict[str, Any] | None]]
 """`async (validated_input, context) -> current state of what the call would change`, as the
 proposer may read it; frozen into the proposal so the operator sees what they approve."""
@@ -53,6 +58,7 @@ class Tool:
     title: str | None = None
     idempotent: bool = False
     preview: Previewer | None = None
+    freeze: Freezer | None = None
     tags: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
