@@ -21,6 +21,8 @@ examples:
   mcp-knecht token mint --sub alice --profile claude-code
   KNECHT_TOKEN=... mcp-knecht serve           stdio (what Claude Code and Cursor launch)
   mcp-knecht serve --transport http --port 8765
+  mcp-knecht policy explain rerun_run        which rule decides, and why
+  mcp-knecht audit verify                    check the audit hash chain
 """
 
 
@@ -234,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--no-serve", action="store_true", help="print the config and exit")
     _common(quick)
     quick.set_defaults(handler=_cmd_quickstart)
+
+    from mcp_knecht.cli.admin import add_commands
+
+    add_commands(commands, _common)
     return parser
 
 

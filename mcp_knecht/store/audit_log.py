@@ -121,3 +121,21 @@ async def verify_chain(db: Database) -> list[ChainProblem]:
             problems.append(ChainProblem(row["id"], "content does not match its hash (the row was edited)"))
         prev_hash, expected_id = row["hash"], row["id"] + 1
     return problems
+
+
+async def recent_entries(
+    db: Database, *, tool: str | None = None, subject: str | None = None, outcome: str | None = None,
+    source: str | None = None, proposal_id: int | None = None, limit: int = 50,
+) -> list[Row]:
+    """Newest first, filtered by exact matches."""
+    where, params = [], []
+    for column, value in (("tool", tool), ("subject", subject), ("outcome", outcome), ("source", source),
+                          ("proposal_id", proposal_id)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = await db.fetch_all(f"SELECT * FROM audit_log {clause} ORDER BY id DESC LIMIT ?", (*params, limit))
+    for row in rows:
+        row["detail"] = json.loads(row["detail"])
+    return rows

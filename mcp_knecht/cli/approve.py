@@ -1,0 +1,196 @@
+"""`knecht-approve`: operators review staged calls and approve or reject them.
+
+Exit codes: 0 done · 1 the proposal is not pending any more (lost race, expired, unknown id),
+or cannot be approved by you (your own, hash mismatch) · 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+
+from mcp_knecht.errors import ConfigError, DecisionError, KnechtError
+
+EXIT_OK, EXIT_NOT_PENDING, EXIT_USAGE = 0, 1, 2
+
+_EPILOG = """\
+examples:
+  knecht-approve list                        pending proposals
+  knecht-approve list --status failed --json
+  knecht-approve show 12                     arguments, hash, current state, diff
+  knecht-approve approve 12 --expect-hash 3f9a1c07
+  knecht-approve reject 12 --reason "rerun the nightly instead"
+  knecht-approve watch                       live view of new pending proposals
+
+exit codes: 0 done, 1 not pending any more (lost race, expired, unknown) or not
+yours to approve, 2 usage error
+"""
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def _with_app(args: argparse.Namespace, body: Callable[[Any], Awaitable[int]]) -> int:
+    from mcp_knecht.app import open_app
+    from mcp_knecht.config import load_settings
+
+    settings = load_settings(db=args.db, config=args.config)
+    async with open_app(settings, watch_policy=False) as app:
+        return await body(app)
+
+
+def _operator(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from mcp_knecht.core.approval import Operator
+
+    name = (args.operator or "").strip()
+    if not name:
+        raise ConfigError("--as needs a name.")
+    return Operator(name=name)
+
+
+async def _list(args: argparse.Namespace, app: Any) -> int:
+    from mcp_knecht.cli.render import PROPOSAL_HEADERS, proposal_json, proposal_row, table
+    from mcp_knecht.core.proposals import timestamp
+
+    await app.proposals.expire_overdue(timestamp())
+    found = await app.proposals.list(status=args.status, limit=args.limit)
+    if args.json:
+        print(json.dumps([proposal_json(p) for p in found], indent=2, ensure_ascii=False))
+    elif found:
+        print(table(PROPOSAL_HEADERS, [proposal_row(p) for p in found]))
+    else:
+        _say(f"No {args.status or ''} proposals.".replace("  ", " "))
+    return EXIT_OK
+
+
+async def _show(args: argparse.Namespace, app: Any) -> int:
+    from mcp_knecht.cli.render import proposal_details, proposal_json
+    from mcp_knecht.core.proposals import timestamp
+
+    await app.proposals.expire_overdue(timestamp())
+    proposal = await app.proposals.get(args.id)
+    if proposal is None:
+        _say(f"knecht-approve: proposal #{args.id} does not exist.")
+        return EXIT_NOT_PENDING
+    print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False) if args.json
+          else proposal_details(proposal))
+    return EXIT_OK
+
+
+def _service(app: Any):  # type: ignore[no-untyped-def]
+    from mcp_knecht.core.approval import ApprovalService
+
+    return ApprovalService(app.proposals, app.gate, app.audit)
+
+
+async def _approve(args: argparse.Namespace, app: Any) -> int:
+    from mcp_knecht.cli.render import proposal_json
+
+    proposal = await _service(app).approve(args.id, _operator(args), expect_hash=args.expect_hash)
+    if args.json:
+        print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False))
+    else:
+        print(f"Approved #{proposal.id} ({proposal.call_name}); execution {proposal.status}.")
+        if proposal.error:
+            print(f"Error: {proposal.error}")
+        elif proposal.result is not None:
+            print(json.dumps(proposal.result, indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
+async def _reject(args: argparse.Namespace, app: Any) -> int:
+    proposal = await _service(app).reject(args.id, _operator(args), args.reason)
+    print(f"Rejected #{proposal.id} ({proposal.call_name}): {proposal.reason}")
+    return EXIT_OK
+
+
+async def _watch(args: argparse.Namespace, app: Any) -> int:
+    from mcp_knecht.cli.render import proposal_json, proposal_row
+    from mcp_knecht.core.proposals import timestamp
+
+    last_seen = 0
+    if not args.all:
+        newest = await app.proposals.list(limit=1)
+        last_seen = newest[0].id if newest else 0
+    _say(f"Watching for new pending proposals (Ctrl-C to stop){'' if args.all else f' after #{last_seen}'}…")
+    with anyio.move_on_after(args.timeout):
+        while True:
+            await app.proposals.expire_overdue(timestamp())
+            fresh = await app.proposals.list(status="pending", after_id=last_seen, limit=100)
+            for proposal in sorted(fresh, key=lambda p: p.id):
+                if args.json:
+                    print(json.dumps(proposal_json(proposal), ensure_ascii=False), flush=True)
+                else:
+                    print("  ".join(str(v) for v in proposal_row(proposal)[:7]), flush=True)
+                last_seen = max(last_seen, proposal.id)
+            await anyio.sleep(args.interval)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="knecht-approve",
+        description="Review, approve and reject calls that mcp-knecht staged for a human.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", metavar="URL", help="database URL (default $KNECHT_DATABASE_URL or the data dir)")
+    common.add_argument("--config", metavar="DIR", help="config dir with policies.toml and scopes/")
+    common.add_argument("--as", dest="operator", default=getpass.getuser(),
+                        help="operator name recorded as decided_by (default: your login name)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", parents=[common], help="list proposals (pending by default)")
+    listing.add_argument("--status", default="pending",
+                         choices=["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"])
+    listing.add_argument("--limit", type=int, default=100)
+    listing.set_defaults(run=_list)
+
+    show = commands.add_parser("show", parents=[common], help="one proposal in full")
+    show.add_argument("id", type=int)
+    show.set_defaults(run=_show)
+
+    approve = commands.add_parser("approve", parents=[common], help="approve and execute exactly once")
+    approve.add_argument("id", type=int)
+    approve.add_argument("--expect-hash", metavar="PREFIX",
+                         help="refuse unless the frozen arguments' hash starts with PREFIX (from `show`)")
+    approve.set_defaults(run=_approve)
+
+    reject = commands.add_parser("reject", parents=[common], help="reject with a reason the agent will see")
+    reject.add_argument("id", type=int)
+    reject.add_argument("--reason", required=True)
+    reject.set_defaults(run=_reject)
+
+    watch = commands.add_parser("watch", parents=[common], help="print new pending proposals as they arrive")
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between looks (default 1)")
+    watch.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
+    watch.add_argument("--all", action="store_true", help="also print those already pending")
+    watch.set_defaults(run=_watch)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return anyio.run(_with_app, args, lambda app: args.run(args, app))
+    except DecisionError as exc:
+        _say(f"knecht-approve: {exc.message}")
+        return EXIT_NOT_PENDING
+    except KnechtError as exc:
+        _say(f"knecht-approve: {exc.message}")
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_NOT_PENDING
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""One racing approver: `python -m tests.approver_worker NAME FIRST_ID LAST_ID`.
+
+Opens the app from the environment (KNECHT_DATABASE_URL, KNECHT_TOOLSETS, …) and tries to
+approve every id in the range; prints one JSON line: how many it won and lost.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import anyio
+
+from mcp_knecht.app import open_app
+from mcp_knecht.config import load_settings
+from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.errors import NotPendingError
+
+
+async def race(name: str, first: int, last: int) -> dict[str, float]:
+    won = lost = 0
+    async with open_app(load_settings(), watch_policy=False) as app:
+        service = ApprovalService(app.proposals, app.gate, app.audit)
+        started = time.perf_counter()
+        for proposal_id in range(first, last + 1):
+            try:
+                await service.approve(proposal_id, Operator(name))
+                won += 1
+            except NotPendingError:
+                lost += 1
+        elapsed = time.perf_counter() - started
+    return {"operator": name, "won": won, "lost": lost, "seconds": elapsed}  # type: ignore[dict-item]
+
+
+if __name__ == "__main__":
+    result = anyio.run(race, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    print(json.dumps(result))

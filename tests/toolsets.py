@@ -1,0 +1,68 @@
+"""A toolset for tests of staging and approval: write tools whose effects can be counted.
+
+Loaded by servers and CLIs under test with `KNECHT_TOOLSETS=…,tests.toolsets:toolset`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import anyio
+from pydantic import Field
+
+from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
+from mcp_knecht.core.toolset import Toolset
+
+_TABLE = (
+    "CREATE TABLE IF NOT EXISTS test_effects ("
+    " label TEXT NOT NULL, phase TEXT NOT NULL, subject TEXT NOT NULL, source TEXT NOT NULL)"
+)
+
+
+class EffectInput(ToolInput):
+    label: str = Field(min_length=1, max_length=100, description="what to record")
+
+
+class SlowInput(ToolInput):
+    label: str = Field(min_length=1, max_length=100)
+    seconds: float = Field(ge=0, le=120)
+
+
+class MemoInput(ToolInput):
+    action: Literal["get", "set"]
+    text: str = ""
+
+
+def toolset(db: Any) -> Toolset:
+    async def record(label: str, phase: str, ctx: ToolContext) -> None:
+        async with db.transaction() as tx:
+            await tx.execute(_TABLE)
+            await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
+                             (label, phase, ctx.actor.subject, ctx.source))
+
+    async def record_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
+        await record(args.label, "done", ctx)
+        return {"recorded": args.label}
+
+    async def preview_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
+        return {"label": args.label, "note": "nothing recorded yet"}
+
+    async def slow_effect(args: SlowInput, ctx: ToolContext) -> dict[str, Any]:
+        await record(args.label, "started", ctx)
+        await anyio.sleep(args.seconds)
+        await record(args.label, "done", ctx)
+        return {"recorded": args.label}
+
+    async def memo(args: MemoInput, ctx: ToolContext) -> dict[str, Any]:
+        if args.action == "set":
+            await record(args.text, "memo", ctx)
+        return {"action": args.action}
+
+    return Toolset(name="test", tools=[
+        Tool("record_effect", "Record an effect (test tool).", "runs:write", EffectInput, record_effect,
+             effect="write", preview=preview_effect),
+        Tool("slow_effect", "Record an effect slowly (test tool).", "runs:write", SlowInput, slow_effect,
+             effect="write"),
+        Tool("memo", "Read or write a memo (test tool).", "runs:write", MemoInput, memo,
+             action_effects={"get": "read", "set": "write"}),
+    ])
