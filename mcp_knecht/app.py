@@ -64,14 +64,19 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
     try:
         audit = AuditLog(db)
         app = assemble(settings, db, audit, extra_tools=extra_tools)
+        failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(audit.run)
             if watch_policy:
                 tasks.start_soon(app.policy.watch)
             try:
                 yield app
+            except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup
+                failure = exc
             finally:
                 tasks.cancel_scope.cancel()
                 await audit.aclose()
+        if failure is not None:
+            raise failure
     finally:
         await db.close()

@@ -13,7 +13,7 @@ from pydantic import Field
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.core.toolset import Toolset
 
-_TABLE = (
+EFFECTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS test_effects ("
     " label TEXT NOT NULL, phase TEXT NOT NULL, subject TEXT NOT NULL, source TEXT NOT NULL)"
 )
@@ -36,7 +36,7 @@ class MemoInput(ToolInput):
 def toolset(db: Any) -> Toolset:
     async def record(label: str, phase: str, ctx: ToolContext) -> None:
         async with db.transaction() as tx:
-            await tx.execute(_TABLE)
+            await tx.execute(EFFECTS_TABLE)
             await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
                              (label, phase, ctx.actor.subject, ctx.source))
 
