@@ -5,6 +5,7 @@ A proposal of another subject answers exactly like one that does not exist.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -14,9 +15,9 @@ from mcp_knecht.core.proposals import OPEN, STATUSES, Proposal, ProposalReposito
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.core.toolset import Toolset
 from mcp_knecht.errors import NotFoundError
+from mcp_knecht.store.notify import DecisionNotifier, PollingNotifier
 
 MAX_WAIT_SECONDS = 50  # clients time out near 60 s
-POLL_INTERVAL = 0.25
 
 
 class GetProposalInput(ToolInput):
@@ -54,15 +55,30 @@ def _own(proposal: Proposal | None, subject: str, proposal_id: int) -> Proposal:
     return proposal
 
 
-def followup_tools(proposals: ProposalRepository) -> list[Tool]:
-    async def get_proposal(args: GetProposalInput, ctx: ToolContext) -> dict[str, Any]:
+def _seconds_until(moment: str) -> float:
+    return (datetime.fromisoformat(moment) - datetime.now(UTC)).total_seconds()
+
+
+def followup_tools(proposals: ProposalRepository, notifier: DecisionNotifier | None = None) -> list[Tool]:
+    changes_of = notifier or PollingNotifier()
+
+    async def _read(proposal_id: int, subject: str) -> Proposal:
         await proposals.expire_overdue(timestamp())
-        proposal = _own(await proposals.get(args.id), ctx.actor.subject, args.id)
+        return _own(await proposals.get(proposal_id), subject, proposal_id)
+
+    async def get_proposal(args: GetProposalInput, ctx: ToolContext) -> dict[str, Any]:
+        proposal = await _read(args.id, ctx.actor.subject)
+        if proposal.status not in OPEN or not args.wait_seconds:
+            return proposal.public()
         with anyio.move_on_after(args.wait_seconds):
-            while proposal.status in OPEN and args.wait_seconds:
-                await anyio.sleep(POLL_INTERVAL)
-                await proposals.expire_overdue(timestamp())
-                proposal = _own(await proposals.get(args.id), ctx.actor.subject, args.id)
+            # Subscribe first, then read again: a decision committed in between still wakes us.
+            async with changes_of.watching(args.id) as changes:
+                proposal = await _read(args.id, ctx.actor.subject)
+                while proposal.status in OPEN:
+                    # Nobody announces an expiry: wake when it falls due, to see it expire.
+                    due = _seconds_until(proposal.expires_at) + 0.01 if proposal.status == "pending" else 60.0
+                    await changes.wait(max(0.0, min(due, MAX_WAIT_SECONDS)))
+                    proposal = await _read(args.id, ctx.actor.subject)
         return proposal.public()
 
     async def list_proposals(args: ListProposalsInput, ctx: ToolContext) -> dict[str, Any]:
@@ -77,6 +93,7 @@ def followup_tools(proposals: ProposalRepository) -> list[Tool]:
 
 
 def toolset(db: Any) -> Toolset:
+    from mcp_knecht.store.notify import decision_notifier
     from mcp_knecht.store.proposals import SqlProposalRepository
 
-    return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(db)))
+    return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(db), decision_notifier(db)))

@@ -14,9 +14,9 @@ async def open_database(url: str, *, migrate: bool = True) -> Database:
 
         db: Database = await SQLiteDatabase.open(url)
     else:
-        from mcp_knecht.errors import ConfigError
+        from mcp_knecht.store.postgresql import PostgresDatabase
 
-        raise ConfigError("PostgreSQL support is not built yet; use a sqlite:/// URL.")
+        db = await PostgresDatabase.open(url)
     if migrate:
         from mcp_knecht.store.migrations import apply_migrations
 

@@ -1,0 +1,330 @@
+"""PostgreSQL backend (for teams: several replicas, several operators) on asyncpg.
+
+Every difference from SQLite lives in this module and in `sql/postgresql/`:
+
+- placeholders: callers write `?`; `translate_placeholders` turns them into `$1, $2, …`
+  (skipping string literals, quoted identifiers, dollar quotes and comments), once per SQL text;
+- row counts: asyncpg reports a command tag ("UPDATE 1"); `execute` returns its number;
+- `tx.lock(name)`: `pg_advisory_xact_lock` on a stable 64-bit hash of the name, held until the
+  transaction ends, so writers on every replica serialise (SQLite's single write lock does this
+  by itself);
+- explicit ids: an `INSERT INTO t (id, …)` does not advance `t`'s identity sequence, so the
+  transaction remembers such tables and moves their sequences past the largest id before it
+  commits (demo data and the audit chain insert explicit ids);
+- transactions run at READ COMMITTED: a conditional `UPDATE … WHERE status = 'pending'` that
+  loses a race re-reads the row after the winner commits and matches nothing, so exactly one
+  caller sees a row change; each statement after `lock()` sees what the previous holder committed.
+
+Driver errors (asyncpg's, and OS errors of the connection) become `StoreError` here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import anyio
+import asyncpg
+
+from mcp_knecht.errors import ConfigError, StoreError
+from mcp_knecht.store.database import Params, Row
+
+if TYPE_CHECKING:
+    from mcp_knecht.store.notify import DecisionNotifier
+
+DEFAULT_POOL_MIN = 1
+DEFAULT_POOL_MAX = 10
+CONNECT_TIMEOUT = 10.0
+_POOL_OPTIONS = {"pool_min_size": "min_size", "pool_max_size": "max_size"}
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+
+
+# --- Placeholders --------------------------------------------------------------------------------
+
+_TOKENS = re.compile(
+    r"""
+      (?P<single>'(?:[^']|'')*')              # 'string literal' with '' escapes
+    | (?P<double>"(?:[^"]|"")*")              # "quoted identifier"
+    | (?P<dollar>\$(?P<tag>[A-Za-z_]\w*|)\$.*?\$(?P=tag)\$)   # $$ body $$ or $tag$ body $tag$
+    | (?P<line>--[^\n]*)                      # -- comment
+    | (?P<block>/\*.*?\*/)                    # /* comment */
+    | (?P<mark>\?)                            # a placeholder
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+@lru_cache(maxsize=1024)
+def translate_placeholders(sql: str) -> str:
+    """`?` → `$1, $2, …` outside literals, quoted identifiers, dollar quotes and comments.
+
+    A `?` inside any of those is left alone, so `'who?'` stays a literal. PostgreSQL's own
+    `?`-operators (jsonb `?`, `?|`, `?&`) cannot be written in our SQL; use the functions
+    (`jsonb_exists`, …) instead.
+    """
+    count = 0
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal count
+        if match["mark"] is None:
+            return match[0]
+        count += 1
+        return f"${count}"
+
+    return _TOKENS.sub(replace, sql)
+
+
+_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+@lru_cache(maxsize=256)
+def _is_blank(sql: str) -> bool:
+    """Only comments and whitespace (SQLite accepts such a statement; asyncpg chokes on it)."""
+    return not _COMMENTS.sub("", sql).strip(" \t\r\n;")
+
+
+_EXPLICIT_ID_INSERT = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_]\w*)\s*\(\s*id\s*[,)]", re.IGNORECASE)
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit key for `pg_advisory_xact_lock` (the same on every replica)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+def _rowcount(status: str) -> int:
+    """The number in a command tag: "UPDATE 3" → 3, "INSERT 0 1" → 1, "CREATE TABLE" → 0."""
+    last = status.rsplit(" ", 1)[-1]
+    return int(last) if last.isdigit() else 0
+
+
+def _store_error(what: str, exc: BaseException) -> StoreError:
+    sqlstate = getattr(exc, "sqlstate", None)
+    detail = str(exc) or type(exc).__name__
+    return StoreError(f"{what}: {detail}", details={"sqlstate": sqlstate} if sqlstate else {})
+
+
+# --- URL ----------------------------------------------------------------------------------------
+
+
+def split_url(url: str) -> tuple[str, dict[str, int]]:
+    """The DSN for asyncpg and our own pool options (`?pool_min_size=&pool_max_size=`).
+
+    Other query parameters go to asyncpg as usual (e.g. `sslmode`, or a setting such as
+    `search_path=team_a`, which asyncpg sends as a server setting)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"Not a PostgreSQL URL: {url!r}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    pool = {"min_size": DEFAULT_POOL_MIN, "max_size": DEFAULT_POOL_MAX}
+    rest = []
+    for key, value in query:
+        if key in _POOL_OPTIONS:
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"Database URL option {key} must be a positive integer, not {value!r}.")
+            pool[_POOL_OPTIONS[key]] = int(value)
+        else:
+            rest.append((key, value))
+    pool["min_size"] = min(pool["min_size"], pool["max_size"])
+    return urlunsplit(parts._replace(query=urlencode(rest))), pool
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# --- Transactions --------------------------------------------------------------------------------
+
+
+class _PgTransaction:
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+        self._explicit_ids: set[str] = set()
+
+    def _note(self, sql: str) -> None:
+        if match := _EXPLICIT_ID_INSERT.match(sql):
+            self._explicit_ids.add(match[1].lower())
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
+        self._note(sql)
+        try:
+            return [dict(r) for r in await self._conn.fetch(translate_placeholders(sql), *params)]
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database statement failed", exc) from exc
+
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
+        self._note(sql)
+        try:
+            row = await self._conn.fetchrow(translate_placeholders(sql), *params)
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database statement failed", exc) from exc
+        return dict(row) if row is not None else None
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        if _is_blank(sql):
+            return 0
+        self._note(sql)
+        try:
+            return _rowcount(await self._conn.execute(translate_placeholders(sql), *params))
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database statement failed", exc) from exc
+
+    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
+        if not rows:
+            return
+        self._note(sql)
+        try:
+            await self._conn.executemany(translate_placeholders(sql), rows)
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database statement failed", exc) from exc
+
+    async def lock(self, name: str) -> None:
+        try:
+            await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
+        except _DRIVER_ERRORS as exc:
+            raise _store_error(f"Cannot take the lock {name!r}", exc) from exc
+
+    async def sync_sequences(self, tables: Sequence[str] | None = None) -> None:
+        """Move identity sequences past the largest id (only ever forward)."""
+        for table in sorted(self._explicit_ids if tables is None else tables):
+            await self.execute(_SYNC_SEQUENCE.format(table=table), (table,))
+        self._explicit_ids.clear()
+
+
+# `setval(…, max, true)`: the next default id is max + 1. Never moves a sequence backwards.
+_SYNC_SEQUENCE = (
+    "SELECT setval(s.seq, m.max_id) FROM"
+    " (SELECT pg_get_serial_sequence(?, 'id') AS seq) s,"
+    " (SELECT MAX(id) AS max_id FROM {table}) m"
+    " WHERE s.seq IS NOT NULL AND m.max_id IS NOT NULL"
+    " AND m.max_id > COALESCE(pg_sequence_last_value(s.seq::regclass), 0)"
+)
+
+
+class PostgresDatabase:
+    dialect = "postgresql"
+
+    def __init__(self, url: str, pool: asyncpg.Pool) -> None:
+        self.url = url
+        self._pool = pool
+        self._notifier: DecisionNotifier | None = None
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresDatabase:
+        dsn, pool_options = split_url(url)
+        try:
+            pool = await asyncpg.create_pool(dsn, timeout=CONNECT_TIMEOUT, **pool_options)
+        except _DRIVER_ERRORS as exc:
+            raise _store_error(f"Cannot connect to PostgreSQL at {redact(url)}", exc) from exc
+        except TimeoutError as exc:
+            raise StoreError(f"Cannot connect to PostgreSQL at {redact(url)}: timed out") from exc
+        assert pool is not None
+        return cls(url, pool)
+
+    @property
+    def dsn(self) -> str:
+        return split_url(self.url)[0]
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
+        try:
+            return [dict(r) for r in await self._pool.fetch(translate_placeholders(sql), *params)]
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database read failed", exc) from exc
+
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
+        try:
+            row = await self._pool.fetchrow(translate_placeholders(sql), *params)
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database read failed", exc) from exc
+        return dict(row) if row is not None else None
+
+    async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
+        """Rows one batch at a time through a server-side cursor (a read-only transaction)."""
+        try:
+            async with self._pool.acquire() as conn, conn.transaction(readonly=True):
+                cursor = await conn.cursor(translate_placeholders(sql), *params)
+                while rows := await cursor.fetch(batch):
+                    for row in rows:
+                        yield dict(row)
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database read failed", exc) from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_PgTransaction]:
+        try:
+            conn = await self._pool.acquire()
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Cannot start a write transaction", exc) from exc
+        try:
+            pg_tx = conn.transaction()
+            try:
+                await pg_tx.start()
+            except _DRIVER_ERRORS as exc:
+                raise _store_error("Cannot start a write transaction", exc) from exc
+            tx = _PgTransaction(conn)
+            try:
+                yield tx
+                if tx._explicit_ids:
+                    await tx.sync_sequences()
+            except BaseException:
+                # If the connection is gone, the server rolls back on its own.
+                with anyio.CancelScope(shield=True), contextlib.suppress(*_DRIVER_ERRORS):
+                    await pg_tx.rollback()
+                raise
+            try:
+                with anyio.CancelScope(shield=True):
+                    await pg_tx.commit()
+            except _DRIVER_ERRORS as exc:
+                raise _store_error("Commit failed", exc) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._pool.release(conn)
+
+    async def sync_sequences(self) -> None:
+        """Move every `id` identity sequence past its table's largest id (after bulk loads
+        with explicit ids made by other means than this backend's transactions)."""
+        rows = await self.fetch_all(
+            "SELECT c.relname AS name FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " WHERE a.attname = 'id' AND a.attidentity <> '' AND c.relkind = 'r'"
+            " AND pg_table_is_visible(c.oid)"
+        )
+        async with self.transaction() as tx:
+            await tx.sync_sequences([r["name"] for r in rows])
+
+    async def listen(self, channel: str, callback: Any) -> asyncpg.Connection:
+        """A dedicated connection (outside the pool) delivering NOTIFYs on `channel` to
+        `callback(payload: str)`. The caller closes it."""
+        dsn = self.dsn
+        try:
+            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+            await conn.add_listener(channel, lambda _c, _pid, _ch, payload: callback(payload))
+        except _DRIVER_ERRORS as exc:
+            raise _store_error(f"Cannot listen on {channel!r}", exc) from exc
+        return conn
+
+    def decision_notifier(self) -> DecisionNotifier:
+        """One LISTEN connection per database object, shared by every waiting agent."""
+        if self._notifier is None:
+            from mcp_knecht.store.notify import PgDecisionNotifier
+
+            self._notifier = PgDecisionNotifier(self)
+        return self._notifier
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._notifier is not None:
+                await self._notifier.aclose()
+            try:
+                await self._pool.close()
+            except _DRIVER_ERRORS:
+                self._pool.terminate()
