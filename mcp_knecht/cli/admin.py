@@ -11,18 +11,19 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Tools and policy exactly as the server would load them (no database needed)."""
-    from mcp_knecht.app import load_toolsets
+    """Tools and policy exactly as the server would load them; fails as the server would."""
+    import anyio
+
+    from mcp_knecht.app import open_app
     from mcp_knecht.config import load_settings
-    from mcp_knecht.core.policy_file import load_policy
-    from mcp_knecht.core.registry import Registry
-    from mcp_knecht.core.scopes import load_scopes
 
     settings = load_settings(db=args.db, config=args.config)
-    catalogue = load_scopes(settings.scopes_dir)
-    registry = Registry(tool for ts in load_toolsets(settings, db=None) for tool in ts.tools)
-    registry.check_scopes(catalogue.scopes)
-    return settings, registry, load_policy(settings.policy_file, registry)
+
+    async def load():  # type: ignore[no-untyped-def]
+        async with open_app(settings, watch_policy=False) as app:
+            return settings, app.registry, app.policy()
+
+    return anyio.run(load)
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
