@@ -1,0 +1,134 @@
+"""Decisions per second with racing approver processes, and double executions (must be 0).
+
+    python scripts/bench_approvals.py [--proposals 400] [--approvers 8] [--db URL] [--json]
+
+Stages N proposals of a write tool whose effect inserts one row, then starts K approver
+processes that each try to approve every one of them. Reports wall time, decisions/s (won
+approvals including their execution), attempts/s, and the number of effects per proposal
+counted in the database. Baseline in the same run: one approver alone over the same number of
+fresh proposals, so the ratio shows what contention costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mcp_knecht.app import open_app  # noqa: E402
+from mcp_knecht.config import load_settings  # noqa: E402
+from mcp_knecht.core.actor import Actor  # noqa: E402
+from tests.toolsets import EFFECTS_TABLE  # noqa: E402
+
+TOOLSETS = "mcp_knecht.knecht:toolset,tests.toolsets:toolset"
+AGENT = frozenset({"runs:write", "proposals:read"})
+
+
+def _env(db_url: str, data_dir: str) -> dict[str, str]:
+    return {**os.environ, "KNECHT_DATABASE_URL": db_url, "KNECHT_DATA_DIR": data_dir,
+            "KNECHT_CONFIG_DIR": str(REPO), "KNECHT_TOOLSETS": TOOLSETS, "PYTHONPATH": str(REPO)}
+
+
+async def _stage(env: dict[str, str], count: int, tag: str) -> tuple[int, int]:
+    async with open_app(load_settings(env=env), watch_policy=False) as app:
+        async with app.db.transaction() as tx:
+            await tx.execute(EFFECTS_TABLE)
+        alice = Actor("bench-agent", "bench", AGENT)
+        ids = []
+        for n in range(count):
+            result = await app.gate.call_tool(alice, "record_effect", {"label": f"{tag}-{n}"})
+            ids.append(result.data["id"])  # type: ignore[index]
+    return min(ids), max(ids)
+
+
+async def _effects(env: dict[str, str], tag: str) -> dict[str, int]:
+    async with open_app(load_settings(env=env), watch_policy=False) as app:
+        rows = await app.db.fetch_all(
+            "SELECT label, COUNT(*) AS n FROM test_effects WHERE label LIKE ? GROUP BY label", (f"{tag}-%",))
+    return {row["label"]: row["n"] for row in rows}
+
+
+def _race(env: dict[str, str], approvers: int, first: int, last: int) -> tuple[float, list[dict[str, Any]]]:
+    started = time.perf_counter()
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(first), str(last)],
+                         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(approvers)
+    ]
+    reports = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=900)
+        if worker.returncode != 0:
+            raise SystemExit(f"an approver failed:\n{err}")
+        reports.append(json.loads(out))
+    return time.perf_counter() - started, reports
+
+
+def run(proposals: int, approvers: int, db_url: str | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        url = db_url or f"sqlite:///{folder}/bench.db"
+        env = _env(url, folder)
+        tag = f"bench{int(time.time())}"
+        print(f"staging {2 * proposals} proposals in {url.split('@')[-1]}…", file=sys.stderr)
+        solo_range = anyio.run(_stage, env, proposals, f"{tag}solo")
+        race_range = anyio.run(_stage, env, proposals, f"{tag}race")
+        print("baseline: 1 approver…", file=sys.stderr)
+        _, solo = _race(env, 1, *solo_range)
+        solo_seconds = solo[0]["seconds"]
+        print(f"race: {approvers} approvers…", file=sys.stderr)
+        race_wall, reports = _race(env, approvers, *race_range)
+        # Rates use the approvers' own clocks (from open store to done), not interpreter start-up.
+        race_seconds = max(r["seconds"] for r in reports)
+        effects = anyio.run(_effects, env, f"{tag}race")
+    won = sum(r["won"] for r in reports)
+    return {
+        "database": url.split("://")[0],
+        "proposals": proposals,
+        "approvers": approvers,
+        "baseline_decisions_per_s": round(proposals / solo_seconds, 1),
+        "race_seconds": round(race_seconds, 2),
+        "race_wall_seconds_with_startup": round(race_wall, 2),
+        "race_decisions_per_s": round(won / race_seconds, 1),
+        "race_attempts_per_s": round(proposals * approvers / race_seconds, 1),
+        "ratio_race_to_baseline": round((won / race_seconds) / (proposals / solo_seconds), 2),
+        "executed": len(effects),
+        "double_executions": sum(1 for n in effects.values() if n > 1),
+        "missing_executions": proposals - len(effects),
+        "wins_per_approver": [r["won"] for r in reports],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--proposals", type=int, default=400)
+    parser.add_argument("--approvers", type=int, default=8)
+    parser.add_argument("--db", help="database URL (default: a temporary SQLite file)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = run(args.proposals, args.approvers, args.db)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"store                 {result['database']}")
+    print(f"baseline (1 approver) {result['baseline_decisions_per_s']:>8} decisions/s")
+    print(f"race ({args.approvers} approvers)   {result['race_decisions_per_s']:>8} decisions/s  "
+          f"({result['race_attempts_per_s']} attempts/s, ratio {result['ratio_race_to_baseline']}x)")
+    print(f"wins per approver     {result['wins_per_approver']}")
+    print(f"executed              {result['executed']} of {args.proposals}")
+    print(f"double executions     {result['double_executions']}")
+    print(f"missing executions    {result['missing_executions']}")
+
+
+if __name__ == "__main__":
+    main()
