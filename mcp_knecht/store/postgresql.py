@@ -9,8 +9,10 @@ Every difference from SQLite lives in this module and in `sql/postgresql/`:
   transaction ends, so writers on every replica serialise (SQLite's single write lock does this
   by itself);
 - explicit ids: an `INSERT INTO t (id, …)` does not advance `t`'s identity sequence, so the
-  transaction remembers such tables and moves their sequences past the largest id before it
-  commits (demo data and the audit chain insert explicit ids);
+  transaction remembers such tables and moves their sequences past the largest id before the
+  next insert that relies on the sequence, and before it commits (demo data and the audit chain
+  insert explicit ids). Only this literal shape (`INSERT INTO t (id, …`) is recognised;
+  `sync_sequences()` catches up after anything else;
 - transactions run at READ COMMITTED: a conditional `UPDATE … WHERE status = 'pending'` that
   loses a race re-reads the row after the winner commits and matches nothing, so exactly one
   caller sees a row change; each statement after `lock()` sees what the previous holder committed.
@@ -89,7 +91,7 @@ def _is_blank(sql: str) -> bool:
     return not _COMMENTS.sub("", sql).strip(" \t\r\n;")
 
 
-_EXPLICIT_ID_INSERT = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_]\w*)\s*\(\s*id\s*[,)]", re.IGNORECASE)
+_INSERT_INTO = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_]\w*)\s*(\(\s*id\s*[,)])?", re.IGNORECASE)
 
 
 def lock_key(name: str) -> int:
@@ -151,19 +153,26 @@ class _PgTransaction:
         self._conn = conn
         self._explicit_ids: set[str] = set()
 
-    def _note(self, sql: str) -> None:
-        if match := _EXPLICIT_ID_INSERT.match(sql):
-            self._explicit_ids.add(match[1].lower())
+    async def _before(self, sql: str) -> None:
+        """Remember tables given explicit ids; before the first insert that leaves the id to the
+        sequence, move that sequence past them (as SQLite would number it: max + 1)."""
+        if (match := _INSERT_INTO.match(sql)) is None:
+            return
+        table = match[1].lower()
+        if match[2]:
+            self._explicit_ids.add(table)
+        elif table in self._explicit_ids:
+            await self.sync_sequences([table])
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
-        self._note(sql)
+        await self._before(sql)
         try:
             return [dict(r) for r in await self._conn.fetch(translate_placeholders(sql), *params)]
         except _DRIVER_ERRORS as exc:
             raise _store_error("Database statement failed", exc) from exc
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
-        self._note(sql)
+        await self._before(sql)
         try:
             row = await self._conn.fetchrow(translate_placeholders(sql), *params)
         except _DRIVER_ERRORS as exc:
@@ -173,7 +182,7 @@ class _PgTransaction:
     async def execute(self, sql: str, params: Params = ()) -> int:
         if _is_blank(sql):
             return 0
-        self._note(sql)
+        await self._before(sql)
         try:
             return _rowcount(await self._conn.execute(translate_placeholders(sql), *params))
         except _DRIVER_ERRORS as exc:
@@ -182,7 +191,7 @@ class _PgTransaction:
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
         if not rows:
             return
-        self._note(sql)
+        await self._before(sql)
         try:
             await self._conn.executemany(translate_placeholders(sql), rows)
         except _DRIVER_ERRORS as exc:
@@ -198,7 +207,7 @@ class _PgTransaction:
         """Move identity sequences past the largest id (only ever forward)."""
         for table in sorted(self._explicit_ids if tables is None else tables):
             await self.execute(_SYNC_SEQUENCE.format(table=table), (table,))
-        self._explicit_ids.clear()
+            self._explicit_ids.discard(table)
 
 
 # `setval(…, max, true)`: the next default id is max + 1. Never moves a sequence backwards.
