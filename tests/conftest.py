@@ -119,7 +119,7 @@ def connect(app: App, actor_for: Callable[..., Actor], protocol_mode: str):  # t
     @asynccontextmanager
     async def _connect(subject: str = "alice", scopes: Iterable[str] = READONLY) -> AsyncIterator[Client]:
         actor = actor_for(subject, scopes)
-        server = build_mcp_server(app.gate, lambda ctx: actor)
+        server = build_mcp_server(app.gate, lambda ctx: actor, app.prompts)
         async with Client(server, mode=protocol_mode) as client:
             yield client
 

@@ -78,7 +78,7 @@ def build_http_app(
     host: str = "127.0.0.1",
 ) -> Starlette:
     """The ASGI app. `public_url` is the base URL clients use (it names the protected resource)."""
-    server = build_mcp_server(app.gate, _resolve_actor)
+    server = build_mcp_server(app.gate, _resolve_actor, app.prompts)
     resource_url = public_url.rstrip("/") + MCP_PATH
     metadata = {
         "resource": resource_url,

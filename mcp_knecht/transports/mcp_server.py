@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
 from mcp_knecht import __version__
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate, GateResult
+from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.tools import Tool
+from mcp_knecht.errors import KnechtError
 
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
 
@@ -62,7 +65,17 @@ _NOT_AUTHENTICATED = types.CallToolResult(
 )
 
 
-def build_mcp_server(gate: Gate, resolve_actor: ActorResolver) -> Server[Any]:
+def _mcp_prompt(prompt: Prompt) -> types.Prompt:
+    return types.Prompt(
+        name=prompt.name,
+        title=prompt.title,
+        description=prompt.description,
+        arguments=[types.PromptArgument(name=a.name, description=a.description, required=a.required)
+                   for a in prompt.arguments],
+    )
+
+
+def build_mcp_server(gate: Gate, resolve_actor: ActorResolver, prompts: Sequence[Prompt] = ()) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -85,10 +98,36 @@ def build_mcp_server(gate: Gate, resolve_actor: ActorResolver) -> Server[Any]:
         result = await gate.call_tool(actor, params.name, params.arguments, source="mcp")
         return _call_result(result)
 
+    def prompts_for(actor: Actor | None) -> dict[str, Prompt]:
+        return {p.name: p for p in prompts if actor is not None and actor.holds(p.scope)}
+
+    async def list_prompts(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[_mcp_prompt(p) for p in prompts_for(resolve_actor(ctx)).values()])
+
+    async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        prompt = prompts_for(resolve_actor(ctx)).get(params.name)
+        if prompt is None:  # unknown and out of scope look the same, as with tools
+            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name!r}.")
+        missing = [a.name for a in prompt.arguments if a.required and not (params.arguments or {}).get(a.name)]
+        if missing:
+            raise MCPError(types.INVALID_PARAMS, f"Prompt {prompt.name} needs: {', '.join(missing)}.")
+        try:
+            text = await prompt.render(dict(params.arguments or {}))
+        except KnechtError as exc:
+            raise MCPError(types.INVALID_PARAMS, exc.message) from None
+        return types.GetPromptResult(
+            description=prompt.description,
+            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
+        )
+
+    handlers: dict[str, Any] = {"on_list_prompts": list_prompts, "on_get_prompt": get_prompt} if prompts else {}
     return Server(
         "mcp-knecht",
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        **handlers,
     )

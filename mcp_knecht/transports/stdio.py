@@ -10,6 +10,6 @@ from mcp_knecht.transports.mcp_server import build_mcp_server
 
 
 async def serve_stdio(app: App, actor: Actor) -> None:
-    server = build_mcp_server(app.gate, lambda ctx: actor)
+    server = build_mcp_server(app.gate, lambda ctx: actor, app.prompts)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
