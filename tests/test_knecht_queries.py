@@ -64,6 +64,10 @@ async def test_tools_declare_scopes_and_describe_every_field(db: Database) -> No
         "get_project": "projects:read",
         "list_runs": "runs:read",
         "get_run": "runs:read",
+        "list_workflows": "workflows:read",
+        "get_workflow": "workflows:read",
+        "get_run_log": "logs:read",
+        "get_action_log": "logs:read",
     }
     for tool in tools.values():
         assert tool.effect == "read"

@@ -1,17 +1,23 @@
-"""The Knecht toolset: read tools over projects and runs, built around one database."""
+"""The Knecht read tools: projects, workflows, runs and logs, built around one database."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mcp_knecht.core.tools import Tool, ToolContext
-from mcp_knecht.knecht import queries
+from mcp_knecht.knecht import logs, queries, workflows
 from mcp_knecht.knecht.inputs import (
+    DEFAULT_LOG_LINES,
+    MAX_LOG_LINES,
     MAX_RUNS_PER_PAGE,
+    GetActionLogInput,
     GetProjectInput,
     GetRunInput,
+    GetRunLogInput,
+    GetWorkflowInput,
     ListProjectsInput,
     ListRunsInput,
+    ListWorkflowsInput,
 )
 from mcp_knecht.store.database import Database
 
@@ -45,6 +51,38 @@ tools (the run's own log is action_id 0). To diagnose a failure, read the failed
 if the cause is not there, an earlier action's log may show it."""
 
 
+LIST_WORKFLOWS = """\
+List workflows (CI pipeline definitions), optionally of one project: id, project slug, name, file path, \
+current version, when and by whom that version was made, and the status of the workflow's latest run. \
+Use get_workflow for a definition's text and declared inputs."""
+
+GET_WORKFLOW = """\
+Get one workflow's definition (YAML text) at its current version, or at `version`: the text, the declared \
+inputs (name → type, required, default, options) that dispatch_workflow validates against, the action \
+names in run order, and the list of all versions with author and date. Address it by numeric id, or by \
+name plus project. Read it when diagnosing a failure that may come from the workflow itself (bad YAML, a \
+timeout setting, a missing cache), and before proposing update_workflow: `version` is the base of an \
+update."""
+
+_LOG_LIMITS = f"""\
+Output is bounded: at most `limit` lines (default {DEFAULT_LOG_LINES}, max {MAX_LOG_LINES}) and about 24 KB; \
+very long lines are cut. When more remains, `truncated` is true and `next_offset` says where to continue \
+("truncated — next offset N"). `tail`: the last N lines (best first look at a failure). `offset`/`limit`: a \
+window, line 1 is offset 0. `grep`: only lines containing a literal text (case-insensitive, no regex), \
+searched forwards from `offset`, or backwards with `tail`; a search of a huge log stops after a time budget \
+and says which lines it searched. Every line comes with its number `n`. Secrets are masked."""
+
+GET_RUN_LOG = f"""\
+Read the run's own log (the runner's output around the actions: queueing, runner, inputs, each action's \
+start, end and exit code, and how the run ended). Good for the overall story of a run; the details of a \
+failure are in the failed action's log (get_action_log). {_LOG_LIMITS}"""
+
+GET_ACTION_LOG = f"""\
+Read the log of one action of a run, addressed by the action's id or by its name (e.g. 'test', \
+'install'; get_run lists them). To diagnose a failure: tail the failed action's log first; if the cause is \
+not there (e.g. a build warning that led to a later crash), read earlier actions' logs. {_LOG_LIMITS}"""
+
+
 def knecht_tools(db: Database) -> list[Tool]:
     """The Knecht read tools, bound to `db`."""
 
@@ -68,6 +106,25 @@ def knecht_tools(db: Database) -> list[Tool]:
 
     async def get_run(args: GetRunInput, ctx: ToolContext) -> dict[str, Any]:
         return await queries.get_run(db, args.run_id)
+
+    async def list_workflows(args: ListWorkflowsInput, ctx: ToolContext) -> dict[str, Any]:
+        return {"workflows": await workflows.list_workflows(db, args.project)}
+
+    async def get_workflow(args: GetWorkflowInput, ctx: ToolContext) -> dict[str, Any]:
+        return await workflows.get_workflow(db, args.workflow, args.project, args.version)
+
+    def window(args: GetRunLogInput | GetActionLogInput) -> logs.LogWindow:
+        return logs.LogWindow(tail=args.tail, offset=args.offset, limit=args.limit, grep=args.grep)
+
+    async def get_run_log(args: GetRunLogInput, ctx: ToolContext) -> dict[str, Any]:
+        await logs.find_action(db, args.run_id, logs.RUN_LOG)
+        page = await logs.read_log(db, args.run_id, logs.RUN_LOG, window(args))
+        return {"run_id": args.run_id, **page}
+
+    async def get_action_log(args: GetActionLogInput, ctx: ToolContext) -> dict[str, Any]:
+        action = await logs.find_action(db, args.run_id, args.action)
+        page = await logs.read_log(db, args.run_id, action["id"], window(args))
+        return {"run_id": args.run_id, "action": action, **page}
 
     return [
         Tool(
@@ -104,6 +161,42 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=GetRunInput,
             handler=get_run,
             title="Get a run",
+            tags=frozenset({"knecht"}),
+        ),
+        Tool(
+            name="list_workflows",
+            description=LIST_WORKFLOWS,
+            scope="workflows:read",
+            input_model=ListWorkflowsInput,
+            handler=list_workflows,
+            title="List workflows",
+            tags=frozenset({"knecht"}),
+        ),
+        Tool(
+            name="get_workflow",
+            description=GET_WORKFLOW,
+            scope="workflows:read",
+            input_model=GetWorkflowInput,
+            handler=get_workflow,
+            title="Get a workflow definition",
+            tags=frozenset({"knecht"}),
+        ),
+        Tool(
+            name="get_run_log",
+            description=GET_RUN_LOG,
+            scope="logs:read",
+            input_model=GetRunLogInput,
+            handler=get_run_log,
+            title="Read a run's log",
+            tags=frozenset({"knecht"}),
+        ),
+        Tool(
+            name="get_action_log",
+            description=GET_ACTION_LOG,
+            scope="logs:read",
+            input_model=GetActionLogInput,
+            handler=get_action_log,
+            title="Read an action's log",
             tags=frozenset({"knecht"}),
         ),
     ]

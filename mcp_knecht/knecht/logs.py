@@ -1,0 +1,203 @@
+"""Reading logs without ever loading one whole: windows by line number, tail, and bounded grep.
+
+Logs are stored line by line (`log_lines`, primary key run/action/line), so a window or a tail is
+one range scan of the primary key, whatever the log's size. grep is a literal, case-insensitive
+substring (it cannot backtrack, so no pattern can hang the server), scanned in chunks of lines
+under a time budget: a search that runs out of budget stops and says where to continue.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_knecht.core.scrub import Scrubber
+from mcp_knecht.errors import InvalidArgumentsError, NotFoundError
+from mcp_knecht.store.database import Database, Row
+
+MAX_OUTPUT_CHARS = 24_000
+"""About 6,000 tokens of log text per call: enough to see a failure, small enough for any context."""
+MAX_LINE_CHARS = 2_000
+GREP_CHUNK_LINES = 25_000
+GREP_BUDGET_SECONDS = 0.04
+RUN_LOG = 0
+
+_patterns_only = Scrubber()
+
+
+@dataclass(frozen=True)
+class LogWindow:
+    tail: int | None
+    offset: int | None
+    limit: int
+    grep: str | None
+
+
+def _shown(text: str) -> str:
+    """A line as shown: secrets masked first (so a cut cannot leave half a key), then bounded."""
+    if len(text) <= MAX_LINE_CHARS:
+        return text
+    text = _patterns_only(text)
+    return f"{text[:MAX_LINE_CHARS]}… [line cut: {len(text)} characters]"
+
+
+def _like_pattern(needle: str) -> str:
+    escaped = needle.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+async def find_action(db: Database, run_id: int, action: int | str) -> Row:
+    """An action of a run by id or by name; 0 (or 'run') addresses the run's own log."""
+    run = await db.fetch_one("SELECT id FROM runs WHERE id = ?", (run_id,))
+    if run is None:
+        raise NotFoundError(f"Run {run_id} does not exist.")
+    if action in (RUN_LOG, "0", "run"):
+        return {"id": RUN_LOG, "name": "run", "position": 0, "status": None}
+    columns = "SELECT id, name, position, status, exit_code FROM actions WHERE run_id = ?"
+    if isinstance(action, int) or action.isdigit():
+        row = await db.fetch_one(f"{columns} AND id = ?", (run_id, int(action)))
+    else:
+        row = await db.fetch_one(f"{columns} AND name = ? ORDER BY position LIMIT 1", (run_id, action))
+    if row is None:
+        names = await db.fetch_all("SELECT id, name FROM actions WHERE run_id = ? ORDER BY position", (run_id,))
+        listing = ", ".join(f"{r['name']} (id {r['id']})" for r in names) or "none"
+        raise NotFoundError(f"Run {run_id} has no action {action!r}. Its actions: {listing}.")
+    return row
+
+
+async def read_log(db: Database, run_id: int, action_id: int, window: LogWindow) -> dict[str, Any]:
+    if window.tail is not None and window.offset is not None:
+        raise InvalidArgumentsError(
+            "log", [{"field": "tail", "problem": "give either tail or offset, not both"}]
+        )
+    size = await db.fetch_one(
+        "SELECT MAX(line_no) AS n FROM log_lines WHERE run_id = ? AND action_id = ?", (run_id, action_id)
+    )
+    total = int(size["n"] or 0) if size else 0
+    if window.grep is not None:
+        return await _grep(db, run_id, action_id, total, window)
+    if window.tail is not None:
+        first = max(total - window.tail, 0)
+        rows = await _lines(db, run_id, action_id, first, total)
+        return _page(total, rows, from_end=True)
+    offset = window.offset or 0
+    rows = await _lines(db, run_id, action_id, offset, min(offset + window.limit, total))
+    return _page(total, rows, from_end=False)
+
+
+async def _lines(db: Database, run_id: int, action_id: int, after: int, upto: int) -> list[Row]:
+    if upto <= after:
+        return []
+    return await db.fetch_all(
+        "SELECT line_no, text FROM log_lines WHERE run_id = ? AND action_id = ? AND line_no > ? AND line_no <= ?"
+        " ORDER BY line_no",
+        (run_id, action_id, after, upto),
+    )
+
+
+def _bounded(rows: list[Row], from_end: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Lines within the output budget, keeping the start (or, for a tail, the end)."""
+    shown: list[dict[str, Any]] = []
+    used = 0
+    for row in reversed(rows) if from_end else rows:
+        text = _shown(row["text"])
+        used += len(text) + 16
+        if used > MAX_OUTPUT_CHARS and shown:
+            break
+        shown.append({"n": row["line_no"], "text": text})
+    if from_end:
+        shown.reverse()
+    return shown, len(shown) < len(rows)
+
+
+def _page(total: int, rows: list[Row], *, from_end: bool) -> dict[str, Any]:
+    lines, cut = _bounded(rows, from_end)
+    result: dict[str, Any] = {"total_lines": total, "lines": lines}
+    last = lines[-1]["n"] if lines else None
+    result["first_line"] = lines[0]["n"] if lines else None
+    result["last_line"] = last
+    if from_end:
+        earlier = lines[0]["n"] - 1 if lines else total
+        result["truncated"] = earlier > 0
+        if earlier > 0:
+            result["note"] = (
+                f"Showing the last lines only; {earlier} earlier lines — read them with offset/limit "
+                f"(e.g. offset={max(earlier - 200, 0)})."
+            )
+        result["next_offset"] = None
+        return result
+    more = last is not None and last < total
+    result["truncated"] = more or cut
+    result["next_offset"] = last if more else None
+    if more:
+        result["note"] = f"Output truncated — next offset {last}: call again with offset={last} to continue."
+    return result
+
+
+async def _grep(db: Database, run_id: int, action_id: int, total: int, window: LogWindow) -> dict[str, Any]:
+    assert window.grep is not None
+    needle = window.grep
+    pattern = _like_pattern(needle)
+    wanted = window.tail or window.limit
+    backwards = window.tail is not None
+    deadline = time.perf_counter() + GREP_BUDGET_SECONDS
+    matches: list[Row] = []
+    low, high = (window.offset or 0), total  # the not yet searched range is (low, high]
+    while low < high and len(matches) < wanted:
+        if backwards:
+            after, upto = max(high - GREP_CHUNK_LINES, low), high
+        else:
+            after, upto = low, min(low + GREP_CHUNK_LINES, high)
+        order = "DESC" if backwards else "ASC"
+        found = await db.fetch_all(
+            "SELECT line_no, text FROM log_lines WHERE run_id = ? AND action_id = ? AND line_no > ?"
+            f" AND line_no <= ? AND lower(text) LIKE ? ESCAPE '\\' ORDER BY line_no {order} LIMIT ?",
+            (run_id, action_id, after, upto, pattern, wanted - len(matches)),
+        )
+        matches.extend(found)
+        if len(matches) >= wanted:
+            # Stopped early inside the chunk: the search resumes after the last match.
+            if backwards:
+                high = matches[-1]["line_no"] - 1
+            else:
+                low = matches[-1]["line_no"]
+            break
+        if backwards:
+            high = after
+        else:
+            low = upto
+        if time.perf_counter() > deadline:
+            break
+    if backwards:
+        matches.reverse()
+    lines, cut = _bounded(matches, from_end=backwards)
+    result: dict[str, Any] = {
+        "total_lines": total,
+        "grep": needle,
+        "matches": len(lines),
+        "lines": lines,
+        "first_line": lines[0]["n"] if lines else None,
+        "last_line": lines[-1]["n"] if lines else None,
+    }
+    if backwards:
+        result["searched"] = {"from_line": high + 1, "to_line": total}
+        result["truncated"] = high > (window.offset or 0) or cut
+        result["next_offset"] = None
+        if high > (window.offset or 0):
+            result["note"] = (
+                f"Searched lines {high + 1} to {total} only; lines 1 to {high} were not searched "
+                f"(grep with offset/limit searches forwards)."
+            )
+        return result
+    resume = lines[-1]["n"] if cut and lines else low
+    result["searched"] = {"from_line": (window.offset or 0) + 1, "to_line": resume}
+    result["truncated"] = resume < total
+    result["next_offset"] = resume if resume < total else None
+    if resume < total:
+        reason = "match limit reached" if len(matches) >= wanted else "search time budget used up"
+        result["note"] = (
+            f"Output truncated ({reason}) — next offset {resume}: call again with the same grep and "
+            f"offset={resume} to continue."
+        )
+    return result
