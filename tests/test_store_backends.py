@@ -247,6 +247,8 @@ async def test_a_decision_wakes_a_waiting_agent(db: Database) -> None:
     finally:
         await other.close()
     assert woke_after and woke_after[0] < 1.5
+    if db.dialect == "postgresql":
+        assert notifier.listening and notifier.notifications >= 1  # type: ignore[attr-defined]
 
 
 # --- PostgreSQL only ----------------------------------------------------------------------------
