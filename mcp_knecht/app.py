@@ -13,6 +13,7 @@ from mcp_knecht.config import Settings
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.policy_file import PolicySource
 from mcp_knecht.core.prompts import Prompt
+from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scopes import ScopeCatalogue, load_scopes
 from mcp_knecht.core.staging import ProposalStager
@@ -34,6 +35,7 @@ class App:
     policy: PolicySource
     proposals: SqlProposalRepository
     gate: Gate
+    watcher: ProposalWatcher
     catalogue: ScopeCatalogue
     prompts: tuple[Prompt, ...]
 
@@ -54,7 +56,8 @@ def assemble(settings: Settings, db: Database, audit: AuditLog, *, extra_tools: 
     policy = PolicySource(settings.policy_file, registry)
     proposals = SqlProposalRepository(db)
     gate = Gate(registry, audit, policy=policy, stager=ProposalStager(proposals, ttl=settings.proposal_ttl))
-    return App(settings, db, audit, registry, policy, proposals, gate, catalogue, prompts)
+    watcher = ProposalWatcher(proposals)
+    return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts)
 
 
 @asynccontextmanager
@@ -69,6 +72,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
             tasks.start_soon(audit.run)
             if watch_policy:
                 tasks.start_soon(app.policy.watch)
+                tasks.start_soon(app.watcher.run)
             try:
                 yield app
             except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup

@@ -16,7 +16,7 @@ from mcp_knecht.app import App, open_app
 from mcp_knecht.config import Settings, load_settings
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, TokenVerifier, mint_token
-from mcp_knecht.transports.mcp_server import build_mcp_server
+from mcp_knecht.transports.mcp_server import server_for_app
 
 REPO = Path(__file__).resolve().parent.parent
 READONLY = ("projects:read", "workflows:read", "runs:read", "logs:read")
@@ -119,7 +119,7 @@ def connect(app: App, actor_for: Callable[..., Actor], protocol_mode: str):  # t
     @asynccontextmanager
     async def _connect(subject: str = "alice", scopes: Iterable[str] = READONLY) -> AsyncIterator[Client]:
         actor = actor_for(subject, scopes)
-        server = build_mcp_server(app.gate, lambda ctx: actor, app.prompts)
+        server = server_for_app(app, lambda ctx: actor)
         async with Client(server, mode=protocol_mode) as client:
             yield client
 
@@ -130,3 +130,24 @@ def server_env(env: dict[str, str], **extra: str) -> dict[str, str]:
     """The environment for a server subprocess: ours on top of PATH and friends."""
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
     return {**keep, **env, **extra}
+
+
+@pytest.fixture
+def staged_env(demo_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A server environment with the test toolset (countable write effects) and a config dir of
+    the test's own, whose policies.toml a test may rewrite."""
+    from tests.staging import TEST_TOOLSETS, make_config
+
+    config = make_config(tmp_path / "config")
+    return {**demo_env, "KNECHT_CONFIG_DIR": str(config), "KNECHT_TOOLSETS": TEST_TOOLSETS,
+            "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture
+async def staged_app(staged_env: dict[str, str]) -> AsyncIterator[App]:
+    from tests.toolsets import EFFECTS_TABLE
+
+    async with open_app(load_settings(env=staged_env)) as running:
+        async with running.db.transaction() as tx:
+            await tx.execute(EFFECTS_TABLE)
+        yield running

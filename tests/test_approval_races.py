@@ -7,18 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
+from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from tests.conftest import REPO, server_env
-from tests.staging import AGENT, TEST_TOOLSETS, acli, make_config
-from tests.toolsets import EFFECTS_TABLE
+from tests.staging import AGENT, acli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -27,18 +24,8 @@ APPROVERS = 8
 
 
 @pytest.fixture
-def staged_env(demo_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    config = make_config(tmp_path / "config")
-    return {**demo_env, "KNECHT_CONFIG_DIR": str(config), "KNECHT_TOOLSETS": TEST_TOOLSETS,
-            "PYTHONPATH": str(REPO)}
-
-
-@pytest.fixture
-async def app(staged_env: dict[str, str]) -> AsyncIterator[App]:
-    async with open_app(load_settings(env=staged_env)) as running:
-        async with running.db.transaction() as tx:
-            await tx.execute(EFFECTS_TABLE)
-        yield running
+def app(staged_app: App) -> App:
+    return staged_app
 
 
 async def test_racing_approver_processes_execute_each_proposal_exactly_once(app: App, staged_env) -> None:  # type: ignore[no-untyped-def]

@@ -4,34 +4,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 import pytest
 
-from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
-from tests.conftest import REPO
-from tests.staging import AGENT, TEST_TOOLSETS, acli, make_config
-from tests.toolsets import EFFECTS_TABLE
+from mcp_knecht.app import App
+from tests.staging import AGENT, acli
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def staged_env(demo_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    config = make_config(tmp_path / "config")
-    return {**demo_env, "KNECHT_CONFIG_DIR": str(config), "KNECHT_TOOLSETS": TEST_TOOLSETS,
-            "PYTHONPATH": str(REPO)}
-
-
-@pytest.fixture
-async def app(staged_env: dict[str, str]) -> AsyncIterator[App]:
-    async with open_app(load_settings(env=staged_env)) as running:
-        async with running.db.transaction() as tx:
-            await tx.execute(EFFECTS_TABLE)
-        yield running
+def app(staged_app: App) -> App:
+    return staged_app
 
 
 @pytest.fixture(params=["auto"], ids=["2026-07-28"])

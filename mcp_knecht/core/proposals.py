@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -104,7 +105,7 @@ class ProposalRepository(Protocol):
     async def create(self, proposal: NewProposal) -> int: ...
     async def get(self, proposal_id: int) -> Proposal | None: ...
     async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0) -> list[Proposal]: ...
+                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]: ...
     async def expire_overdue(self, now: str) -> int: ...
     async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
         """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
@@ -116,4 +117,7 @@ class ProposalRepository(Protocol):
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
                      error: str | None, now: str) -> bool:
         """executing → succeeded | failed."""
+        ...
+    async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """`id → (status, proposer subject)` for the ids that exist."""
         ...

@@ -4,6 +4,7 @@ any number of racing processes (or replicas) exactly one sees a row change."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from mcp_knecht.core.proposals import NewProposal, Proposal
 from mcp_knecht.store.database import Database
@@ -37,7 +38,7 @@ class SqlProposalRepository:
         return Proposal.from_row(row) if row else None
 
     async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0) -> list[Proposal]:
+                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]:
         where, params = ["id > ?"], [after_id]
         if status is not None:
             where.append("status = ?")
@@ -46,7 +47,7 @@ class SqlProposalRepository:
             where.append("proposer_subject = ?")
             params.append(subject)
         rows = await self._db.fetch_all(
-            f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?", (*params, limit)
+            f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id {'ASC' if oldest_first else 'DESC'} LIMIT ?", (*params, limit)
         )
         return [Proposal.from_row(row) for row in rows]
 
@@ -87,3 +88,15 @@ class SqlProposalRepository:
             " WHERE id = ? AND status = 'executing'",
             ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id),
         )
+
+    async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """`id → (status, proposer subject)` for the ids that exist."""
+        found: dict[int, tuple[str, str]] = {}
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            rows = await self._db.fetch_all(
+                f"SELECT id, status, proposer_subject FROM proposals WHERE id IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            found.update({row["id"]: (row["status"], row["proposer_subject"]) for row in rows})
+        return found

@@ -24,7 +24,7 @@ from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenVerifier
 from mcp_knecht.errors import AuthError, ConfigError
-from mcp_knecht.transports.mcp_server import build_mcp_server
+from mcp_knecht.transports.mcp_server import server_for_app
 
 MCP_PATH = "/mcp"
 
@@ -78,7 +78,7 @@ def build_http_app(
     host: str = "127.0.0.1",
 ) -> Starlette:
     """The ASGI app. `public_url` is the base URL clients use (it names the protected resource)."""
-    server = build_mcp_server(app.gate, _resolve_actor, app.prompts)
+    server = server_for_app(app, _resolve_actor)
     resource_url = public_url.rstrip("/") + MCP_PATH
     metadata = {
         "resource": resource_url,

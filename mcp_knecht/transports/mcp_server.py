@@ -11,11 +11,13 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from mcp_knecht import __version__
+from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate, GateResult
 from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.errors import KnechtError
+from mcp_knecht.transports.proposal_feed import ProposalFeed
 
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
 
@@ -75,7 +77,12 @@ def _mcp_prompt(prompt: Prompt) -> types.Prompt:
     )
 
 
-def build_mcp_server(gate: Gate, resolve_actor: ActorResolver, prompts: Sequence[Prompt] = ()) -> Server[Any]:
+def build_mcp_server(
+    gate: Gate,
+    resolve_actor: ActorResolver,
+    prompts: Sequence[Prompt] = (),
+    feed: ProposalFeed | None = None,
+) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
@@ -123,6 +130,8 @@ def build_mcp_server(gate: Gate, resolve_actor: ActorResolver, prompts: Sequence
         )
 
     handlers: dict[str, Any] = {"on_list_prompts": list_prompts, "on_get_prompt": get_prompt} if prompts else {}
+    if feed is not None:
+        handlers.update(feed.handlers(resolve_actor))
     return Server(
         "mcp-knecht",
         version=__version__,
@@ -131,3 +140,8 @@ def build_mcp_server(gate: Gate, resolve_actor: ActorResolver, prompts: Sequence
         on_call_tool=call_tool,
         **handlers,
     )
+
+
+def server_for_app(app: App, resolve_actor: ActorResolver) -> Server[Any]:
+    """The MCP server of an assembled app: its gate, prompts and proposal notifications."""
+    return build_mcp_server(app.gate, resolve_actor, app.prompts, ProposalFeed(app.proposals, app.watcher))

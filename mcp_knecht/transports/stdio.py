@@ -6,10 +6,10 @@ from mcp.server.stdio import stdio_server
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.transports.mcp_server import build_mcp_server
+from mcp_knecht.transports.mcp_server import server_for_app
 
 
 async def serve_stdio(app: App, actor: Actor) -> None:
-    server = build_mcp_server(app.gate, lambda ctx: actor, app.prompts)
+    server = server_for_app(app, lambda ctx: actor)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())

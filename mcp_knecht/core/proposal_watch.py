@@ -1,0 +1,75 @@
+"""Noticing decisions made elsewhere — by an operator's CLI, on another replica — so that
+connected agents can be told without asking."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from mcp_knecht.core.proposals import OPEN, ProposalRepository
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    proposal_id: int
+    status: str
+    subject: str
+    """The proposer: only they may learn about it."""
+
+
+Listener = Callable[[StatusChange], Awaitable[None]]
+
+
+class ProposalWatcher:
+    def __init__(self, proposals: ProposalRepository, *, interval: float = 0.5) -> None:
+        self._proposals = proposals
+        self._interval = interval
+        self._listeners: list[Listener] = []
+        self._open: dict[int, str] = {}
+        self._newest = 0
+        self._primed = False
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    async def poll(self) -> list[StatusChange]:
+        """One look at the store; returns (and announces) what changed since the last."""
+        changes = []
+        while fresh := await self._proposals.list(after_id=self._newest, limit=1000, oldest_first=True):
+            for proposal in fresh:
+                self._newest = proposal.id
+                if proposal.status in OPEN:
+                    self._open[proposal.id] = proposal.status
+                elif self._primed:  # staged and decided between two looks
+                    changes.append(StatusChange(proposal.id, proposal.status, proposal.proposer_subject))
+        self._primed = True
+        if self._open:
+            current = await self._proposals.statuses(list(self._open))
+            for proposal_id, before in list(self._open.items()):
+                status, subject = current.get(proposal_id, ("missing", ""))
+                if status != before:
+                    changes.append(StatusChange(proposal_id, status, subject))
+                    if status in OPEN:
+                        self._open[proposal_id] = status
+                    else:
+                        del self._open[proposal_id]
+        for change in changes:
+            for listener in self._listeners:
+                try:
+                    await listener(change)
+                except Exception:  # one broken listener must not silence the others
+                    logger.exception("A proposal listener failed")
+        return changes
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:
+                logger.exception("Watching proposals failed; retrying")
+            await anyio.sleep(self._interval)

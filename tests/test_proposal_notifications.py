@@ -1,0 +1,86 @@
+"""Agents are told when their proposal is decided: a resource per proposal and a notification
+on change, on both protocol versions. Only the proposer may read or subscribe."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from mcp_knecht.app import App
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.transports.mcp_server import server_for_app
+from tests.staging import AGENT, acli
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def app(staged_app: App) -> App:
+    return staged_app
+
+
+async def stage(app: App, subject: str = "alice") -> int:
+    result = await app.gate.call_tool(Actor(subject, "pytest", frozenset(AGENT)), "record_effect", {"label": "x"})
+    return int(result.data["id"])  # type: ignore[index]
+
+
+async def test_a_listening_agent_is_told_when_its_proposal_is_decided(app: App, staged_env) -> None:  # type: ignore[no-untyped-def]
+    proposal_id = await stage(app)
+    uri = f"knecht://proposals/{proposal_id}"
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    async with Client(server_for_app(app, lambda ctx: alice)) as client:
+        contents = (await client.read_resource(uri)).contents[0]
+        assert json.loads(contents.text)["status"] == "pending"  # type: ignore[union-attr]
+        async with client.listen(resource_subscriptions=[uri]) as subscription:
+            approved = await acli("knecht-approve", staged_env, "approve", str(proposal_id), "--as", "bob")
+            assert approved.returncode == 0, approved.stderr
+            with anyio.fail_after(10):
+                event = await subscription.__anext__()
+        assert event.uri == uri
+        assert json.loads((await client.read_resource(uri)).contents[0].text)["status"] == "succeeded"  # type: ignore[union-attr]
+
+
+async def test_a_legacy_subscriber_gets_resources_updated(app: App, staged_env) -> None:  # type: ignore[no-untyped-def]
+    proposal_id = await stage(app)
+    uri = f"knecht://proposals/{proposal_id}"
+    received: list[Any] = []
+    updated = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        params = getattr(getattr(message, "root", message), "params", None)
+        if getattr(params, "uri", None) is not None:
+            received.append(str(params.uri))
+            updated.set()
+
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    async with Client(server_for_app(app, lambda ctx: alice), mode="legacy", message_handler=on_message) as client:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # resources/subscribe is deprecated in 2026-07-28, alive in 2025-11-25
+            await client.subscribe_resource(uri)
+        rejected = await acli("knecht-approve", staged_env, "reject", str(proposal_id), "--as", "bob",
+                              "--reason", "no")
+        assert rejected.returncode == 0, rejected.stderr
+        with anyio.fail_after(10):
+            await updated.wait()
+    assert received == [uri]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_another_subjects_proposal_cannot_be_read_or_subscribed(app: App, mode: str) -> None:
+    proposal_id = await stage(app, subject="alice")
+    mallory = Actor("mallory", "pytest", frozenset(AGENT))
+    async with Client(server_for_app(app, lambda ctx: mallory), mode=mode) as client:
+        for uri in (f"knecht://proposals/{proposal_id}", "knecht://proposals/999999", "knecht://proposals/x'--"):
+            with pytest.raises(MCPError, match="Unknown resource"):
+                await client.read_resource(uri)
+        if mode == "auto":
+            with pytest.raises(MCPError, match="Unknown resource"):
+                async with client.listen(resource_subscriptions=[f"knecht://proposals/{proposal_id}"]):
+                    pass
+        assert (await client.list_resources()).resources == []
