@@ -220,6 +220,15 @@ _SYNC_SEQUENCE = (
 )
 
 
+async def _reset_on_release(conn: asyncpg.Connection) -> None:
+    """What a released connection needs here: no open transaction. asyncpg's default reset
+    (UNLISTEN, RESET ALL, unlock all, CLOSE ALL) costs a round trip per release and guards
+    against session state this backend never leaves: locks are transaction-scoped, LISTEN runs on
+    its own connection outside the pool, settings come from the URL at connect."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
 class PostgresDatabase:
     dialect = "postgresql"
 
@@ -232,7 +241,7 @@ class PostgresDatabase:
     async def open(cls, url: str) -> PostgresDatabase:
         dsn, pool_options = split_url(url)
         try:
-            pool = await asyncpg.create_pool(dsn, timeout=CONNECT_TIMEOUT, **pool_options)
+            pool = await asyncpg.create_pool(dsn, timeout=CONNECT_TIMEOUT, reset=_reset_on_release, **pool_options)
         except _DRIVER_ERRORS as exc:
             raise _store_error(f"Cannot connect to PostgreSQL at {redact(url)}", exc) from exc
         except TimeoutError as exc:
