@@ -43,7 +43,7 @@ _PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
     # starts at the keyword: whatever precedes it (AWS_, DB_) is part of the key and stays.
     "pair": (
         r"(?P<pair_key>" + _KEY_WORDS + r"[A-Za-z0-9_.\-]{0,40})"
-        r"(?P<pair_close>\\?[\"'])?[ \t]{0,3}[:=][ \t]{0,3}(?P<pair_open>\\?[\"'])?"
+        r"(?P<pair_close>\\{0,7}[\"'])?[ \t]{0,3}[:=][ \t]{0,3}(?P<pair_open>\\{0,7}[\"'])?"
         r"(?P<pair_value>" + _VALUE + ")",
         ("pass", "pwd", "secret", "token", "key", "credential"),
     ),
@@ -70,7 +70,7 @@ def _replace(match: re.Match[str]) -> str:
     if kind == "aws_key_id":
         return _mask_token(text, 4)
     if kind == "github":
-        return _mask_token(text, text.index("_") + 1)
+        return _mask_token(text, len("github_pat_") if text.startswith("github_pat_") else 4)
     if kind in ("gitlab", "slack"):
         return _mask_token(text, text.index("-") + 1)
     if kind == "jwt":

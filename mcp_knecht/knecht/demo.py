@@ -57,6 +57,8 @@ class DemoSummary:
     failure_kinds: tuple[str, ...]
     example_failed_runs: dict[str, int] = field(default_factory=dict)
     """The first failed run id of each failure kind: handy starting points for a demo."""
+    big_log: tuple[int, int, int] | None = None
+    """(run id, action id, lines) of the very large action log made by `log_mb`, if any."""
 
     def describe(self) -> str:
         examples = ", ".join(f"{kind} → run {run}" for kind, run in self.example_failed_runs.items())
@@ -65,6 +67,11 @@ class DemoSummary:
             f"{self.runs} runs ({self.failed_runs} failed), {self.actions} actions, "
             f"{self.log_lines} log lines\n"
             f"failure kinds: {examples or 'none'}"
+            + (
+                f"\nlarge log: run {self.big_log[0]}, action {self.big_log[1]} ({self.big_log[2]} lines)"
+                if self.big_log
+                else ""
+            )
         )
 
 
@@ -536,10 +543,17 @@ async def fill_demo_data(
     seed: int = 7,
     runs: int = 600,
     progress: Callable[[str], None] | None = None,
+    log_mb: int = 0,
+    run_logs: bool = True,
 ) -> DemoSummary:
-    """Fill an empty database with demo data; refuses one that already holds projects."""
-    if runs < 0:
-        raise ValueError("runs must be >= 0")
+    """Fill an empty database with demo data; refuses one that already holds projects.
+
+    `log_mb` > 0 makes the failed test action of the first assertion failure a very large log
+    (about that many megabytes of verbose test output, the failure at its end), for benchmarks.
+    `run_logs=False` skips every other log line: a million runs for a list benchmark, quickly.
+    """
+    if runs < 0 or log_mb < 0:
+        raise ValueError("runs and log_mb must be >= 0")
     rng = random.Random(seed)
     async with db.transaction() as tx:
         existing = await tx.fetch_one("SELECT COUNT(*) AS n FROM projects")
@@ -550,9 +564,12 @@ async def fill_demo_data(
             )
         projects, version_count = await _insert_catalogue(tx, rng)
     writer = _Writer(db, progress, runs)
-    generator = _RunGenerator(rng, projects, runs, writer)
+    generator = _RunGenerator(rng, projects, runs, writer, with_logs=run_logs)
     await generator.generate()
     await writer.flush()
+    big_log = None
+    if log_mb and "test_assertion" in generator.examples:
+        big_log = await _grow_log(db, generator.examples["test_assertion"], log_mb, progress)
     workflows = sum(len(p.workflows) for p in projects)
     return DemoSummary(
         projects=len(projects),
@@ -564,6 +581,7 @@ async def fill_demo_data(
         log_lines=generator.log_lines,
         failure_kinds=tuple(k for k in FAILURE_KINDS if k in generator.examples),
         example_failed_runs=dict(generator.examples),
+        big_log=big_log,
     )
 
 
@@ -656,7 +674,10 @@ async def _insert_catalogue(tx: Transaction, rng: random.Random) -> tuple[list[_
 
 
 class _RunGenerator:
-    def __init__(self, rng: random.Random, projects: list[_Project], total: int, writer: _Writer) -> None:
+    def __init__(
+        self, rng: random.Random, projects: list[_Project], total: int, writer: _Writer, *, with_logs: bool = True
+    ) -> None:
+        self.with_logs = with_logs
         self.rng = rng
         self.projects = projects
         self.total = total
@@ -863,6 +884,8 @@ class _RunGenerator:
         return clock, run_log
 
     def _log(self, run_id: int, action_id: int, lines: list[str]) -> None:
+        if not self.with_logs:
+            return
         for line_no, text in enumerate(lines, start=1):
             self.writer.add("log_lines", (run_id, action_id, line_no, text))
         self.log_lines += len(lines)
@@ -987,3 +1010,52 @@ class _RunGenerator:
                 lines.append(f"Authenticating with token {project.secrets['DEPLOY_TOKEN']}")
             return [*lines, f"Deployed {slug} {sha7} successfully"]
         return ["$ knecht report --format junit results/*.xml", "Report uploaded: 1 file"]
+
+
+async def _grow_log(
+    db: Database, run_id: int, megabytes: int, progress: Callable[[str], None] | None
+) -> tuple[int, int, int]:
+    """Put megabytes of verbose test output before the failure in one action's log."""
+    action = await db.fetch_one(
+        "SELECT id FROM actions WHERE run_id = ? AND status = 'failed' ORDER BY position LIMIT 1", (run_id,)
+    )
+    assert action is not None
+    action_id = action["id"]
+    tail = await db.fetch_all(
+        "SELECT text FROM log_lines WHERE run_id = ? AND action_id = ? ORDER BY line_no", (run_id, action_id)
+    )
+    rng = random.Random(megabytes)
+    budget = megabytes * 1_000_000
+    written = 0
+    line_no = 0
+    modules = ("api", "payments", "refunds", "webhooks", "ledger", "currency", "customers", "reports")
+    start = BASE_TIME + timedelta(days=1)
+    async with db.transaction() as tx:
+        await tx.execute("DELETE FROM log_lines WHERE run_id = ? AND action_id = ?", (run_id, action_id))
+    while written < budget:
+        batch = []
+        for _ in range(BATCH_ROWS * 4):
+            line_no += 1
+            moment = start + timedelta(milliseconds=line_no * 7)
+            module = modules[line_no % len(modules)]
+            if line_no % 250_000 == 0:
+                text = f"{_iso(moment)} WARNING slow test: tests/test_{module}.py::test_case_{line_no} took 4.2s"
+            else:
+                text = (
+                    f"{_iso(moment)} tests/test_{module}.py::test_{module}_case_{line_no:07d}"
+                    f"[param-{rng.randrange(10_000):04d}] PASSED  [{min(99, written * 100 // budget):>3}%]"
+                )
+            batch.append((run_id, action_id, line_no, text))
+            written += len(text) + 1
+            if written >= budget:
+                break
+        async with db.transaction() as tx:
+            await tx.execute_many(
+                "INSERT INTO log_lines (run_id, action_id, line_no, text) VALUES (?, ?, ?, ?)", batch
+            )
+        if progress and line_no % (BATCH_ROWS * 40) == 0:
+            progress(f"large log: {written // 1_000_000} of {megabytes} MB")
+    rows = [(run_id, action_id, line_no + i, row["text"]) for i, row in enumerate(tail, start=1)]
+    async with db.transaction() as tx:
+        await tx.execute_many("INSERT INTO log_lines (run_id, action_id, line_no, text) VALUES (?, ?, ?, ?)", rows)
+    return run_id, action_id, line_no + len(rows)
