@@ -19,9 +19,18 @@ from mcp_knecht.store.database import Database, Row
 MAX_OUTPUT_CHARS = 24_000
 """About 6,000 tokens of log text per call: enough to see a failure, small enough for any context."""
 MAX_LINE_CHARS = 2_000
-GREP_CHUNK_LINES = 25_000
-GREP_BUDGET_SECONDS = 0.04
+GREP_CHUNK_LINES = 40_000
+"""About 5 ms of scanning per query on SQLite: the budget is checked between chunks."""
+GREP_BUDGET_SECONDS = 0.03
 RUN_LOG = 0
+
+# Case-insensitive substring match: the one SQL dialect difference of this module. SQLite's LIKE
+# ignores ASCII case natively (3x faster than lower(text) LIKE); PostgreSQL's LIKE does not.
+_CONTAINS = {
+    "sqlite": "text LIKE ? ESCAPE '\\'",
+    "postgresql": "text ILIKE ? ESCAPE '\\'",
+}
+_CONTAINS_PORTABLE = "lower(text) LIKE lower(?) ESCAPE '\\'"
 
 _patterns_only = Scrubber()
 
@@ -43,7 +52,7 @@ def _shown(text: str) -> str:
 
 
 def _like_pattern(needle: str) -> str:
-    escaped = needle.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
 
 
@@ -139,6 +148,7 @@ async def _grep(db: Database, run_id: int, action_id: int, total: int, window: L
     assert window.grep is not None
     needle = window.grep
     pattern = _like_pattern(needle)
+    contains = _CONTAINS.get(db.dialect, _CONTAINS_PORTABLE)
     wanted = window.tail or window.limit
     backwards = window.tail is not None
     deadline = time.perf_counter() + GREP_BUDGET_SECONDS
@@ -152,7 +162,7 @@ async def _grep(db: Database, run_id: int, action_id: int, total: int, window: L
         order = "DESC" if backwards else "ASC"
         found = await db.fetch_all(
             "SELECT line_no, text FROM log_lines WHERE run_id = ? AND action_id = ? AND line_no > ?"
-            f" AND line_no <= ? AND lower(text) LIKE ? ESCAPE '\\' ORDER BY line_no {order} LIMIT ?",
+            f" AND line_no <= ? AND {contains} ORDER BY line_no {order} LIMIT ?",
             (run_id, action_id, after, upto, pattern, wanted - len(matches)),
         )
         matches.extend(found)

@@ -138,10 +138,7 @@ async def list_runs(
         project_id = (await find_project(db, project))["id"]
         where.append("r.project_id = ?")
         params.append(project_id)
-    if workflow is not None:
-        ids = await _workflow_ids(db, workflow, project_id)
-        where.append(f"r.workflow_id IN ({', '.join('?' for _ in ids)})")
-        params.extend(ids)
+    ids = await _workflow_ids(db, workflow, project_id) if workflow is not None else []
     if status is not None:
         where.append("r.status = ?")
         params.append(status)
@@ -154,14 +151,30 @@ async def list_runs(
     if before is not None:
         where.append("r.id < ?")
         params.append(before)
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
     # One extra row tells whether another page exists without a COUNT over a large table.
-    rows = await db.fetch_all(
-        f"SELECT {_RUN_COLUMNS}{_RUN_FROM}{clause} ORDER BY r.id DESC LIMIT ?", (*params, limit + 1)
-    )
+    rows = await db.fetch_all(*_runs_page(where, params, ids, limit + 1))
     page = rows[:limit]
     next_cursor = page[-1]["id"] if len(rows) > limit else None
     return {"runs": [_run_summary(r) for r in page], "next_cursor": next_cursor}
+
+
+def _runs_page(where: list[str], params: list[Any], workflow_ids: list[int], limit: int) -> tuple[str, list[Any]]:
+    """The newest `limit` runs matching `where`. Several workflows (a name shared by projects) become
+    one index-ordered, limited scan per workflow, merged: never a sort of every matching run."""
+    if len(workflow_ids) <= 1:
+        conditions = [*where, *(["r.workflow_id = ?"] if workflow_ids else [])]
+        clause = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        return f"SELECT {_RUN_COLUMNS}{_RUN_FROM}{clause} ORDER BY r.id DESC LIMIT ?", [
+            *params, *workflow_ids, limit]
+    parts: list[str] = []
+    values: list[Any] = []
+    for index, workflow_id in enumerate(workflow_ids):
+        clause = " AND ".join(["r.workflow_id = ?", *where])
+        parts.append(
+            f"SELECT * FROM (SELECT {_RUN_COLUMNS}{_RUN_FROM} WHERE {clause} ORDER BY r.id DESC LIMIT ?) AS w{index}"
+        )
+        values.extend([workflow_id, *params, limit])
+    return f"SELECT * FROM ({' UNION ALL '.join(parts)}) AS merged ORDER BY id DESC LIMIT ?", [*values, limit]
 
 
 async def get_run(db: Database, run_id: int) -> dict[str, Any]:
