@@ -34,7 +34,7 @@ class ListProposalsInput(ToolInput):
         default=None, pattern="^(" + "|".join(STATUSES) + ")$",
         description="Only proposals with this status: " + ", ".join(STATUSES) + ".",
     )
-    limit: int = Field(default=20, ge=1, le=50, description="How many, newest first (1–50).")
+    limit: int = Field(default=20, ge=1, le=50, description="How many, newest first (1-50).")
 
 
 GET_PROPOSAL = """\

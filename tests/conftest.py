@@ -18,6 +18,8 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, TokenVerifier, mint_token
 from mcp_knecht.transports.mcp_server import server_for_app
 
+pytest_plugins = ["tests.pg"]  # `database_url`: each test that takes it runs on SQLite and PostgreSQL
+
 REPO = Path(__file__).resolve().parent.parent
 READONLY = ("projects:read", "workflows:read", "runs:read", "logs:read")
 
@@ -133,14 +135,14 @@ def server_env(env: dict[str, str], **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def staged_env(demo_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """A server environment with the test toolset (countable write effects) and a config dir of
-    the test's own, whose policies.toml a test may rewrite."""
+def staged_env(env: dict[str, str], database_url: str, tmp_path: Path) -> dict[str, str]:
+    """A server environment on each store (SQLite, PostgreSQL) with the test toolset (countable
+    write effects) and a config dir of the test's own, whose policies.toml a test may rewrite."""
     from tests.staging import TEST_TOOLSETS, make_config
 
     config = make_config(tmp_path / "config")
-    return {**demo_env, "KNECHT_CONFIG_DIR": str(config), "KNECHT_TOOLSETS": TEST_TOOLSETS,
-            "PYTHONPATH": str(REPO)}
+    return {**env, "KNECHT_DATABASE_URL": database_url, "KNECHT_CONFIG_DIR": str(config),
+            "KNECHT_TOOLSETS": TEST_TOOLSETS, "PYTHONPATH": str(REPO)}
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """PostgreSQL for tests: a throw-away database per test session, a fresh schema per test.
 
-    from tests.pg import database_url, pg_database, pg_url  # noqa: F401  (fixtures)
+    pytest_plugins = ["tests.pg"]  (in tests/conftest.py)
 
 `database_url` is parametrized over both stores (`sqlite`, `postgresql`), so a test that takes it
 runs against each. The server comes from `KNECHT_TEST_POSTGRES_URL` (default: the local trust-auth

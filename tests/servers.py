@@ -31,7 +31,7 @@ def free_port() -> int:
 def http_server(env: dict[str, str], *extra_args: str, timeout: float = 30.0) -> Iterator[str]:
     """Start a server on a free port; yield its base URL; always stop it."""
     port = free_port()
-    errors = tempfile.TemporaryFile(mode="w+")
+    errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in the finally below
     process = subprocess.Popen(
         [knecht_executable(), "serve", "--transport", "http", "--host", "127.0.0.1", "--port", str(port),
          *extra_args],

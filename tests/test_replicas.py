@@ -23,7 +23,6 @@ from mcp_knecht.core.auth import TokenSettings, mint_token
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import open_database
 from tests.conftest import REPO, server_env
-from tests.pg import database_url, pg_database, pg_url  # noqa: F401  (fixtures)
 from tests.servers import http_server
 from tests.staging import AGENT, TEST_TOOLSETS, acli, make_config
 from tests.toolsets import EFFECTS_TABLE
@@ -45,7 +44,7 @@ async def _prepare(url: str) -> None:
 
 
 @pytest.fixture
-def shared_env(database_url: str, tmp_path: Path) -> dict[str, str]:  # noqa: F811
+def shared_env(database_url: str, tmp_path: Path) -> dict[str, str]:
     """One store with demo data and the test toolset, as every process of a deployment sees it."""
     anyio.run(_prepare, database_url)
     return {

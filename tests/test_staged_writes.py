@@ -110,7 +110,8 @@ async def test_a_wrong_expected_hash_is_refused(connect, app: App, staged_env) -
     refused = await acli("knecht-approve", staged_env, "approve", str(proposal_id), "--as", "bob",
                   "--expect-hash", "00000000")
     assert refused.returncode == 1 and "knecht-approve show" in refused.stderr
-    too_short = await acli("knecht-approve", staged_env, "approve", str(proposal_id), "--as", "bob", "--expect-hash", "a")
+    too_short = await acli("knecht-approve", staged_env, "approve", str(proposal_id), "--as", "bob",
+                           "--expect-hash", "a")
     assert too_short.returncode == 2
     assert (await app.proposals.get(proposal_id)).status == "pending"  # type: ignore[union-attr]
     assert await effects(app) == []
@@ -170,7 +171,8 @@ async def test_get_proposal_can_wait_for_the_decision(connect, app: App, staged_
 async def test_watch_prints_new_pending_proposals(connect, app: App, staged_env) -> None:  # type: ignore[no-untyped-def]
     async with connect("alice", AGENT) as client:
         proposal_id = await propose(client, "watched")
-    watched = await acli("knecht-approve", staged_env, "watch", "--all", "--json", "--timeout", "1.5", "--interval", "0.2")
+    watched = await acli("knecht-approve", staged_env, "watch", "--all", "--json",
+                         "--timeout", "1.5", "--interval", "0.2")
     assert watched.returncode == 0, watched.stderr
     lines = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [(e["id"], e["arguments"]) for e in lines] == [(proposal_id, {"label": "watched"})]

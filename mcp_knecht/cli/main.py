@@ -146,7 +146,7 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
 
         db = await open_database(settings.database_url)
         try:
-            summary = await fill_demo_data(db, seed=args.seed, runs=args.runs, progress=_say)
+            summary = await fill_demo_data(db, seed=args.seed, runs=args.runs, log_mb=args.log_mb, progress=_say)
         finally:
             await db.close()
         _say(f"mcp-knecht: demo data written to {settings.database_url}")
@@ -223,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo-data", help="fill a database with deterministic demo data")
     demo.add_argument("--seed", type=int, default=7)
-    demo.add_argument("--runs", type=int, default=600, help="number of runs (default 600)")
+    demo.add_argument("--runs", type=int, default=600, help="number of runs (default 600; up to 1,000,000)")
+    demo.add_argument("--log-mb", type=int, default=0, metavar="N",
+                      help="also write one very large action log of about N MB (for benchmarks)")
     _common(demo)
     demo.set_defaults(handler=_cmd_demo_data)
 

@@ -67,6 +67,8 @@ class ProposalWatcher:
         return changes
 
     async def run(self) -> None:
+        """Poll until cancelled; the first look records what already exists, so only later
+        changes are announced."""
         while True:
             try:
                 await self.poll()

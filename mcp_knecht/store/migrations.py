@@ -38,8 +38,18 @@ def _statements(sql: str) -> list[str]:
     return [s.strip() for s in re.split(r";\s*$", sql, flags=re.MULTILINE) if s.strip()]
 
 
+async def _recorded_versions(db: Database) -> set[int]:
+    try:
+        return {row["version"] for row in await db.fetch_all("SELECT version FROM schema_migrations")}
+    except StoreError:  # a fresh database has no schema_migrations table yet
+        return set()
+
+
 async def apply_migrations(db: Database) -> list[Migration]:
     """Apply the migrations not yet recorded; return those applied."""
+    wanted = available_migrations(db.dialect)
+    if await _recorded_versions(db) >= {m.version for m in wanted}:
+        return []  # the common case at start: no write transaction, no lock
     async with db.transaction() as tx:
         await tx.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -47,7 +57,7 @@ async def apply_migrations(db: Database) -> list[Migration]:
         )
     applied = {row["version"] for row in await db.fetch_all("SELECT version FROM schema_migrations")}
     done = []
-    for migration in available_migrations(db.dialect):
+    for migration in wanted:
         if migration.version in applied:
             continue
         async with db.transaction() as tx:

@@ -46,8 +46,9 @@ class SqlProposalRepository:
         if subject is not None:
             where.append("proposer_subject = ?")
             params.append(subject)
+        order = "ASC" if oldest_first else "DESC"
         rows = await self._db.fetch_all(
-            f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id {'ASC' if oldest_first else 'DESC'} LIMIT ?", (*params, limit)
+            f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?", (*params, limit)
         )
         return [Proposal.from_row(row) for row in rows]
 

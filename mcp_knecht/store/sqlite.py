@@ -40,22 +40,32 @@ async def _connect(path: str) -> aiosqlite.Connection:
 
 
 class _SQLiteTransaction:
+    """Driver errors become `StoreError` here, where they enter, as on every backend."""
+
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
-        return list(await self._conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+        try:
+            return list(await self._conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+        except sqlite3.Error as exc:
+            raise StoreError(f"Database statement failed: {exc}") from exc
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
-        rows = await self._conn.execute_fetchall(sql, params)
-        return next(iter(rows), None)  # type: ignore[arg-type]
+        return next(iter(await self.fetch_all(sql, params)), None)
 
     async def execute(self, sql: str, params: Params = ()) -> int:
-        cursor = await self._conn.execute(sql, params)
+        try:
+            cursor = await self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"Database statement failed: {exc}") from exc
         return cursor.rowcount
 
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
-        await self._conn.executemany(sql, rows)
+        try:
+            await self._conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise StoreError(f"Database statement failed: {exc}") from exc
 
     async def lock(self, name: str) -> None:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
@@ -89,16 +99,10 @@ class SQLiteDatabase:
         return cls(url, reader, writer)
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
-        try:
-            return await self._reader.fetch_all(sql, params)
-        except sqlite3.Error as exc:
-            raise StoreError(f"Database read failed: {exc}") from exc
+        return await self._reader.fetch_all(sql, params)
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
-        try:
-            return await self._reader.fetch_one(sql, params)
-        except sqlite3.Error as exc:
-            raise StoreError(f"Database read failed: {exc}") from exc
+        return await self._reader.fetch_one(sql, params)
 
     async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
         """Rows one batch at a time on a private connection, so a huge result never sits in memory."""

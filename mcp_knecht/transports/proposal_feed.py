@@ -77,20 +77,26 @@ class ProposalFeed:
                                description=f"{p.call_name}: {p.status}") for p in mine
             ])
 
-        async def read(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        async def read(
+            ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+        ) -> types.ReadResourceResult:
             proposal = await self._own(str(params.uri), resolve_actor(ctx))
             return types.ReadResourceResult(contents=[types.TextResourceContents(
                 uri=str(params.uri), mime_type="application/json",
                 text=json.dumps(proposal.public(), ensure_ascii=False),
             )])
 
-        async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        async def subscribe(
+            ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+        ) -> types.EmptyResult:
             uri = str(params.uri)
             await self._own(uri, resolve_actor(ctx))
             self._legacy.setdefault(uri, set()).add(ctx.session)
             return types.EmptyResult()
 
-        async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        async def unsubscribe(
+            ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+        ) -> types.EmptyResult:
             self._legacy.get(str(params.uri), set()).discard(ctx.session)
             return types.EmptyResult()
 
