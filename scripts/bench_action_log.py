@@ -27,7 +27,8 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.knecht import secret_values, toolset
+from mcp_knecht.core.toolset import ToolsetContext, build_toolset
+from mcp_knecht.knecht import toolset
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import open_database
 
@@ -85,8 +86,9 @@ async def bench(log_mb: int, seed: int, rounds: int) -> dict[str, Any]:
         )
         assert big is not None
         run_id, action_id, total = big["run_id"], big["action_id"], big["n"]
-        scrub = SecretRegistry(await secret_values(db))
-        gate = Gate(Registry(toolset(db).tools), _NoAudit(), scrub=scrub)
+        scrub = SecretRegistry()
+        knecht = await build_toolset(toolset, ToolsetContext(db=db, secrets=scrub, config_dir=Path.cwd()))
+        gate = Gate(Registry(knecht.tools), _NoAudit(), scrub=scrub)
         base = {"run_id": run_id, "action": action_id}
         await gate.call_tool(ACTOR, "get_action_log", {**base, "tail": 10})  # warm
         idle_kb = _status_kb("VmRSS")

@@ -26,7 +26,8 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.knecht import secret_values, toolset
+from mcp_knecht.core.toolset import ToolsetContext, build_toolset
+from mcp_knecht.knecht import toolset
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import open_database
 
@@ -92,8 +93,9 @@ async def bench(runs: int, seed: int, rounds: int) -> dict[str, Any]:
     path = await _database(runs, seed)
     db = await open_database(f"sqlite:///{path}")
     try:
-        scrub = SecretRegistry(await secret_values(db))
-        gate = Gate(Registry(toolset(db).tools), _NoAudit(), scrub=scrub)
+        scrub = SecretRegistry()
+        knecht = await build_toolset(toolset, ToolsetContext(db=db, secrets=scrub, config_dir=Path.cwd()))
+        gate = Gate(Registry(knecht.tools), _NoAudit(), scrub=scrub)
         results = []
         for name, arguments in CASES:
             if "before" in arguments:

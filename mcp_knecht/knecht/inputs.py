@@ -117,7 +117,7 @@ class _LogWindow(ToolInput):
         default=None,
         min_length=1,
         max_length=MAX_GREP_LENGTH,
-        description="Only lines containing this text (a literal substring, not a regex; case-insensitive). "
+        description="Only lines containing this text (a literal substring, not a regex; ignores ASCII case). "
         "Combine with `offset` to continue a search; with `tail`, returns the last N matching lines.",
     )
 
