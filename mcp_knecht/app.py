@@ -16,9 +16,10 @@ from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scopes import ScopeCatalogue, load_scopes
+from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
-from mcp_knecht.core.toolset import Toolset, load_factory
+from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditLog
 from mcp_knecht.store.proposals import SqlProposalRepository
@@ -38,16 +39,21 @@ class App:
     watcher: ProposalWatcher
     catalogue: ScopeCatalogue
     prompts: tuple[Prompt, ...]
+    secrets: SecretRegistry
 
 
-def load_toolsets(settings: Settings, db: Database) -> list[Toolset]:
-    return [load_factory(spec)(db) for spec in (*settings.toolsets, FOLLOWUP_TOOLSET)]
+async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistry) -> list[Toolset]:
+    context = ToolsetContext(db=db, secrets=secrets, config_dir=settings.config_dir, env=settings.env)
+    return [await build_toolset(load_factory(spec), context) for spec in (*settings.toolsets, FOLLOWUP_TOOLSET)]
 
 
-def assemble(settings: Settings, db: Database, audit: AuditLog, *, extra_tools: Iterable[Tool] = ()) -> App:
+async def assemble(
+    settings: Settings, db: Database, audit: AuditLog, *, extra_tools: Iterable[Tool] = ()
+) -> App:
     """Everything but the background tasks; fails closed on any config problem."""
     catalogue = load_scopes(settings.scopes_dir)
-    toolsets = load_toolsets(settings, db)
+    secrets = SecretRegistry()
+    toolsets = await load_toolsets(settings, db, secrets)
     registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
     registry.check_scopes(catalogue.scopes)
     prompts = tuple(prompt for ts in toolsets for prompt in ts.prompts)
@@ -55,9 +61,10 @@ def assemble(settings: Settings, db: Database, audit: AuditLog, *, extra_tools: 
         catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
     policy = PolicySource(settings.policy_file, registry)
     proposals = SqlProposalRepository(db)
-    gate = Gate(registry, audit, policy=policy, stager=ProposalStager(proposals, ttl=settings.proposal_ttl))
+    stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
+    gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
     watcher = ProposalWatcher(proposals)
-    return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts)
+    return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets)
 
 
 @asynccontextmanager
@@ -66,7 +73,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
     db = await open_database(settings.database_url)
     try:
         audit = AuditLog(db)
-        app = assemble(settings, db, audit, extra_tools=extra_tools)
+        app = await assemble(settings, db, audit, extra_tools=extra_tools)
         failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(audit.run)

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from mcp_knecht.core.proposals import OPEN, STATUSES, Proposal, ProposalRepository, timestamp
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
-from mcp_knecht.core.toolset import Toolset
+from mcp_knecht.core.toolset import Toolset, ToolsetContext
 from mcp_knecht.errors import NotFoundError
 from mcp_knecht.store.notify import DecisionNotifier, PollingNotifier
 
@@ -92,8 +92,9 @@ def followup_tools(proposals: ProposalRepository, notifier: DecisionNotifier | N
     ]
 
 
-def toolset(db: Any) -> Toolset:
+def toolset(context: ToolsetContext) -> Toolset:
     from mcp_knecht.store.notify import decision_notifier
     from mcp_knecht.store.proposals import SqlProposalRepository
 
+    db = context.db
     return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(db), decision_notifier(db)))

@@ -1,5 +1,5 @@
-"""A Knecht server for tests: the app over the demo database, a gate with the secret scrubber,
-the SDK client in memory, and an approver. (Until `open_app(scrub=…)` exists, the gate is built here.)"""
+"""A Knecht server for tests: the app over the demo database (its gate scrubs with the app's
+secret registry), the SDK client in memory, and an approver."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ from typing import Any
 
 from mcp import Client
 
-from mcp_knecht.app import App, load_toolsets
+from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.approval import ApprovalService, Operator
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.proposals import Proposal
-from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.staging import ProposalStager
-from mcp_knecht.knecht import secret_values, toolset
-from mcp_knecht.transports.mcp_server import build_mcp_server
+from mcp_knecht.transports.mcp_server import server_for_app
 
 AGENT = (
     "projects:read", "workflows:read", "workflows:write", "runs:read", "runs:write",
@@ -38,7 +35,7 @@ class Knecht:
     @asynccontextmanager
     async def connect(self, subject: str = "alice", scopes: Iterable[str] = AGENT) -> AsyncIterator[Client]:
         actor = Actor(subject, "pytest", frozenset(scopes))
-        async with Client(build_mcp_server(self.gate, lambda ctx: actor)) as client:
+        async with Client(server_for_app(self.app, lambda ctx: actor)) as client:
             yield client
 
     async def approve(self, proposal_id: int, operator: str = "bob") -> Proposal:
@@ -46,12 +43,7 @@ class Knecht:
 
 
 async def build(app: App) -> Knecht:
-    secrets = SecretRegistry(await secret_values(app.db))
-    others = [ts for ts in load_toolsets(app.settings, app.db) if ts.name != "knecht"]
-    tools = [*toolset(app.db, secrets=secrets).tools, *(tool for ts in others for tool in ts.tools)]
-    gate = Gate(Registry(tools), app.audit, policy=app.policy,
-                stager=ProposalStager(app.proposals, scrub=secrets), scrub=secrets)
-    return Knecht(app, gate, secrets, ApprovalService(app.proposals, gate, app.audit))
+    return Knecht(app, app.gate, app.secrets, ApprovalService(app.proposals, app.gate, app.audit))
 
 
 async def call(client: Client, tool: str, /, **arguments: Any) -> Any:

@@ -16,7 +16,7 @@ from mcp_knecht.core.registry import Registry
 from mcp_knecht.errors import ConfigError
 from tests.conftest import REPO
 from tests.staging import AGENT, TEST_TOOLSETS, acli, cli, make_config
-from tests.toolsets import EFFECTS_TABLE, toolset
+from tests.toolsets import EFFECTS_TABLE
 
 pytestmark = pytest.mark.anyio
 
@@ -54,10 +54,9 @@ async def app(policy_env: dict[str, str]) -> AsyncIterator[App]:
 
 
 @pytest.fixture
-def registry() -> Registry:
-    from mcp_knecht.knecht import toolset as knecht_toolset
-
-    return Registry([*knecht_toolset(None).tools, *toolset(None).tools])
+def registry(app: App) -> Registry:
+    """The tools the server serves: Knecht's and the test toolset."""
+    return app.registry
 
 
 async def test_deny_hides_auto_runs_at_once_and_the_default_stages(connect, app: App) -> None:  # type: ignore[no-untyped-def]
@@ -96,7 +95,7 @@ async def test_deny_hides_auto_runs_at_once_and_the_default_stages(connect, app:
         ("[tools]\n'list_runs.get' = 'auto'", "list_runs has no action 'get'"),
     ],
 )
-def test_a_broken_policy_file_is_refused_naming_file_key_and_problem(
+async def test_a_broken_policy_file_is_refused_naming_file_key_and_problem(
     tmp_path: Path, registry: Registry, text: str, message: str
 ) -> None:
     path = tmp_path / "policies.toml"
@@ -114,7 +113,7 @@ def test_a_broken_policy_file_stops_the_server_and_the_check(policy_env: dict[st
     assert serve.returncode != 0
 
 
-def test_a_broken_reload_keeps_the_last_good_policy_and_says_so(
+async def test_a_broken_reload_keeps_the_last_good_policy_and_says_so(
     tmp_path: Path, registry: Registry, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "policies.toml"

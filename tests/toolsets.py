@@ -11,7 +11,7 @@ import anyio
 from pydantic import Field
 
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
-from mcp_knecht.core.toolset import Toolset
+from mcp_knecht.core.toolset import Toolset, ToolsetContext
 
 EFFECTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS test_effects ("
@@ -33,7 +33,9 @@ class MemoInput(ToolInput):
     text: str = ""
 
 
-def toolset(db: Any) -> Toolset:
+def toolset(context: ToolsetContext) -> Toolset:
+    db = context.db
+
     async def record(label: str, phase: str, ctx: ToolContext) -> None:
         async with db.transaction() as tx:
             await tx.execute(EFFECTS_TABLE)

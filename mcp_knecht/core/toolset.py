@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mcp_knecht.core.prompts import Prompt
+from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.errors import ConfigError
 
@@ -19,8 +22,25 @@ class Toolset:
     prompts: Sequence[Prompt] = field(default_factory=tuple)
 
 
-ToolsetFactory = Callable[[Any], Toolset]
-"""`factory(db) -> Toolset`, given the server's database."""
+@dataclass(frozen=True)
+class ToolsetContext:
+    """What a toolset factory is given by the server that loads it."""
+
+    db: Any
+    """The server's own store (`mcp_knecht.store.Database`)."""
+    secrets: SecretRegistry
+    """The server's scrubber: register literal secret values here and every output masks them."""
+    config_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+ToolsetFactory = Callable[[ToolsetContext], Toolset | Awaitable[Toolset]]
+"""`factory(context) -> Toolset` (or an awaitable of one, for toolsets that look things up)."""
+
+
+async def build_toolset(factory: ToolsetFactory, context: ToolsetContext) -> Toolset:
+    made = factory(context)
+    return await made if inspect.isawaitable(made) else made
 
 
 def load_factory(spec: str) -> ToolsetFactory:

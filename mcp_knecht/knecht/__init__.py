@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.toolset import Toolset
+from mcp_knecht.core.toolset import Toolset, ToolsetContext
 from mcp_knecht.knecht.variables import secret_values
 
 __all__ = ["secret_values", "toolset"]
 
 
-def toolset(db: Any, *, secrets: SecretRegistry | None = None) -> Toolset:
-    """The Knecht tools and prompts over `db`. Pass the server's `SecretRegistry` (the gate's
-    scrubber) so that changes to secret variables are masked from the moment they are proposed."""
+async def toolset(context: ToolsetContext) -> Toolset:
+    """The Knecht tools and prompts over the server's store. Secret variable values go into the
+    server's scrubber now, and on every change from the moment it is proposed."""
+    db, secrets = context.db, context.secrets
+    secrets.add(await secret_values(db))
     from mcp_knecht.knecht.prompts import knecht_prompts
     from mcp_knecht.knecht.tools import knecht_tools
     from mcp_knecht.knecht.write_tools import knecht_write_tools
