@@ -8,6 +8,7 @@
     │   ├── UnknownToolError         "unknown_tool"   unknown, or outside the actor's scopes
     │   ├── InvalidArgumentsError    "invalid_arguments"  names each bad field
     │   ├── PolicyDeniedError        "denied"         the policy says deny
+    │   ├── MissingScopeError        "missing_scope"  an action of a visible tool needs another scope
     │   ├── NotFoundError            "not_found"      the thing addressed does not exist (for you)
     │   └── ConflictError            "conflict"       the state does not allow this now
     ├── DecisionError                (an operator's approve/reject could not take effect)
@@ -72,6 +73,10 @@ class InvalidArgumentsError(ToolError):
 
 class PolicyDeniedError(ToolError):
     code = "denied"
+
+
+class MissingScopeError(ToolError):
+    code = "missing_scope"
 
 
 class NotFoundError(ToolError):

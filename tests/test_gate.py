@@ -210,3 +210,25 @@ def test_annotations_follow_the_effects() -> None:
     read, mixed = TOOLS
     assert read.annotations()["readOnlyHint"] is True and read.annotations()["destructiveHint"] is False
     assert mixed.annotations()["readOnlyHint"] is False and mixed.annotations()["destructiveHint"] is True
+
+
+async def test_an_action_can_need_a_scope_beyond_the_tools_own(tmp_path: Path) -> None:
+    guarded = Tool("guarded", "Get or set.", "things:read", SetIn, setting,
+                   action_effects={"get": "read", "set": "write"}, action_scopes={"set": "things:admin"})
+    db = await open_database(f"sqlite:///{tmp_path / 'g.db'}")
+    audit = AuditLog(db)
+    gate = Gate(Registry([guarded]), audit, policy=lambda: Policy(rules={"guarded": "auto"}))
+    reader = Actor("alice", "cli", frozenset({"things:read"}))
+    calls.clear()
+    assert [t.name for t in gate.visible_tools(reader)] == ["guarded"]
+    assert not (await gate.call_tool(reader, "guarded", {"action": "get"})).is_error
+    refused = await gate.call_tool(reader, "guarded", {"action": "set"})
+    assert refused.error_code == "missing_scope" and "things:admin" in refused.text
+    admin = Actor("root", "cli", frozenset({"things:read", "things:admin"}))
+    assert not (await gate.call_tool(admin, "guarded", {"action": "set"})).is_error
+    assert calls == ["setting:get", "setting:set"]
+    assert [r["outcome"] for r in await audit_rows(db, audit)] == ["ran", "forbidden", "ran"]
+    with pytest.raises(ScopeCatalogueError, match="things:admin"):
+        Registry([guarded]).check_scopes({"things:read"})
+    await audit.aclose()
+    await db.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -9,6 +10,7 @@ import pytest
 
 from mcp_knecht.app import App
 from tests.knecht_harness import Knecht, build, call
+from tests.staging import acli
 
 pytestmark = pytest.mark.anyio
 
@@ -325,7 +327,7 @@ async def test_an_update_with_broken_yaml_is_refused_when_proposed(kn: Knecht) -
 # --- Variables -----------------------------------------------------------------------------------
 
 
-async def test_secret_variables_are_never_returned(kn: Knecht) -> None:
+async def test_secret_variables_are_never_returned(kn: Knecht, demo_env: dict[str, str]) -> None:
     secret = await kn.app.db.fetch_one(
         "SELECT value FROM project_variables WHERE project_id = 1 AND name = 'DEPLOY_TOKEN'")
     async with kn.connect() as client:
@@ -344,6 +346,10 @@ async def test_secret_variables_are_never_returned(kn: Knecht) -> None:
         assert new_secret not in followed.content[0].text  # masked from the moment it was proposed
     proposal = await kn.app.proposals.get(staged["id"])
     assert new_secret not in str(proposal.preview)
+    assert new_secret not in json.dumps(proposal.shown_arguments)  # what `knecht-approve show` prints
+    assert new_secret in proposal.arguments_json  # what runs, under the hash
+    shown = await acli("knecht-approve", demo_env, "show", str(staged["id"]))
+    assert shown.returncode == 0 and new_secret not in shown.stdout and "SENTRY_DSN" in shown.stdout
     done = await kn.approve(staged["id"])
     assert done.status == "succeeded", done.error
     assert new_secret not in str(done.result)

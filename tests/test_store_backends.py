@@ -195,7 +195,8 @@ async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Datab
 def _proposal(n: int) -> NewProposal:
     return NewProposal(
         tool="record_effect", action=None, arguments_json=f'{{"label":"e{n}"}}', arguments_hash=f"{n:064x}",
-        proposer=Actor("alice", "pytest", frozenset({"runs:write"})), rule="builtin:write",
+        arguments_shown=f'{{"label":"e{n}"}}', rule="builtin:write",
+        proposer=Actor("alice", "pytest", frozenset({"runs:write"})),
         preview=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z",
     )
 

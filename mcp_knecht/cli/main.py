@@ -146,7 +146,8 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
 
         db = await open_database(settings.database_url)
         try:
-            summary = await fill_demo_data(db, seed=args.seed, runs=args.runs, log_mb=args.log_mb, progress=_say)
+            summary = await fill_demo_data(db, seed=args.seed, runs=args.runs, log_mb=args.log_mb,
+                                           run_logs=not args.no_run_logs, progress=_say)
         finally:
             await db.close()
         _say(f"mcp-knecht: demo data written to {settings.database_url}")
@@ -226,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--runs", type=int, default=600, help="number of runs (default 600; up to 1,000,000)")
     demo.add_argument("--log-mb", type=int, default=0, metavar="N",
                       help="also write one very large action log of about N MB (for benchmarks)")
+    demo.add_argument("--no-run-logs", action="store_true",
+                      help="skip the per-run logs (fast fills of a million runs for benchmarks)")
     _common(demo)
     demo.set_defaults(handler=_cmd_demo_data)
 

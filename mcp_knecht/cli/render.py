@@ -56,10 +56,12 @@ def proposal_details(p: Proposal) -> str:
         lines.append(f"  decided     by {p.decided_by} at {p.decided_at}")
     if p.reason:
         lines.append(f"  reason      {p.reason}")
-    lines += ["", "Arguments:", json.dumps(p.arguments, indent=2, ensure_ascii=False, sort_keys=True)]
+    lines += ["", "Arguments (secrets masked; the hash covers the exact values):" if p.arguments_shown
+              and p.arguments_shown != p.arguments_json else "Arguments:",
+              json.dumps(p.shown_arguments, indent=2, ensure_ascii=False, sort_keys=True)]
     if p.preview is not None:
         lines += ["", "Current state (preview):", json.dumps(p.preview, indent=2, ensure_ascii=False)]
-    for diff in _diffs(p.arguments, p.preview):
+    for diff in _diffs(p.shown_arguments, p.preview):
         lines += ["", "Change:", diff.rstrip("\n")]
     if p.result is not None:
         lines += ["", "Result:", json.dumps(p.result, indent=2, ensure_ascii=False)]

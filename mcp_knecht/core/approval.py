@@ -116,8 +116,8 @@ class ApprovalService:
         tool = self._gate.registry.get(proposal.tool)
         if tool is None:
             return False, None, f"Tool {proposal.tool} is no longer served by this installation."
-        if not proposal.proposer.holds(tool.scope):
-            return False, None, f"The proposer did not hold scope {tool.scope}."
+        if not proposal.proposer.holds(needed := tool.scope_of(proposal.action)):
+            return False, None, f"The proposer did not hold scope {needed}."
         if self._gate.policy().decide(tool, proposal.action).mode == "deny":
             return False, None, f"{proposal.call_name} has been denied by policy since it was proposed."
         try:

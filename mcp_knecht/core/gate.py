@@ -31,6 +31,7 @@ from mcp_knecht.core.tools import Tool, ToolContext
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
     InvalidArgumentsError,
+    MissingScopeError,
     PolicyDeniedError,
     ToolError,
     UnknownToolError,
@@ -116,6 +117,9 @@ class Gate:
         except InvalidArgumentsError as exc:
             return self._finish(actor, source, started, _error("invalid", exc), name, arguments=arguments)
         action = getattr(validated, "action", None) if tool.action_effects else None
+        if not actor.holds(needed := tool.scope_of(action)):
+            missing = MissingScopeError(f"{tool.name}.{action} needs scope {needed}, which your token does not hold.")
+            return self._finish(actor, source, started, _error("forbidden", missing), name, action)
         decision = self._policy().decide(tool, action)
         if decision.mode == "deny":
             denied = PolicyDeniedError(f"{tool.name}{'.' + action if action else ''} is denied by policy.")

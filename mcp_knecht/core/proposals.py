@@ -43,6 +43,8 @@ class Proposal:
     finished_at: str | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
+    arguments_shown: str | None = None
+    """The arguments with secrets masked: what people see. `arguments_json` is what runs."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Proposal:
@@ -56,11 +58,16 @@ class Proposal:
             decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
             started_at=row["started_at"], finished_at=row["finished_at"],
             result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
+            arguments_shown=row.get("arguments_shown"),
         )
 
     @property
     def arguments(self) -> dict[str, Any]:
         return json.loads(self.arguments_json)  # type: ignore[no-any-return]
+
+    @property
+    def shown_arguments(self) -> dict[str, Any]:
+        return json.loads(self.arguments_shown) if self.arguments_shown else self.arguments  # type: ignore[no-any-return]
 
     @property
     def proposer(self) -> Actor:
@@ -79,7 +86,7 @@ class Proposal:
         """The proposal as the proposer's agent sees it."""
         return {
             "id": self.id, "tool": self.tool, "action": self.action, "status": self.status,
-            "arguments": self.arguments, "arguments_hash": self.arguments_hash,
+            "arguments": self.shown_arguments, "arguments_hash": self.arguments_hash,
             "created_at": self.created_at, "expires_at": self.expires_at,
             "decided_by": self.decided_by, "decided_at": self.decided_at, "reason": self.reason,
             "finished_at": self.finished_at, "result": self.result, "error": self.error,
@@ -92,6 +99,7 @@ class NewProposal:
     action: str | None
     arguments_json: str
     arguments_hash: str
+    arguments_shown: str
     proposer: Actor
     rule: str
     preview: dict[str, Any] | None

@@ -38,7 +38,7 @@ class Registry:
     def check_scopes(self, catalogue: Iterable[str]) -> None:
         """Refuse to start when a tool needs a scope the catalogue does not define."""
         known = set(catalogue)
-        missing = sorted({(t.scope, t.name) for t in self._tools.values() if t.scope not in known})
+        missing = sorted({(scope, t.name) for t in self._tools.values() for scope in t.scopes if scope not in known})
         if missing:
             listing = ", ".join(f"{scope} (tool {name})" for scope, name in missing)
             raise ScopeCatalogueError(

@@ -43,6 +43,7 @@ class ProposalStager:
                 action=call.action,
                 arguments_json=call.arguments_json,
                 arguments_hash=call.arguments_hash,
+                arguments_shown=self._scrub(call.arguments_json),
                 proposer=actor,
                 rule=call.decision.rule,
                 preview=preview,

@@ -54,6 +54,9 @@ class Tool:
     effect: Effect = "read"
     action_effects: Mapping[str, Effect] | None = None
     """For a tool with an `action` argument: the effect of each action (replaces `effect`)."""
+    action_scopes: Mapping[str, str] | None = None
+    """Actions that need a scope other than `scope` (e.g. `set` needs `variables:write`);
+    `scope` alone decides whether the tool is listed."""
     output_model: type[BaseModel] | None = None
     title: str | None = None
     idempotent: bool = False
@@ -64,6 +67,8 @@ class Tool:
     def __post_init__(self) -> None:
         if self.action_effects is not None and "action" not in self.input_model.model_fields:
             raise TypeError(f"Tool {self.name} declares action effects but its input has no 'action' field")
+        if self.action_scopes and not set(self.action_scopes) <= set(self.actions):
+            raise TypeError(f"Tool {self.name} gives scopes to actions it does not declare")
 
     @property
     def actions(self) -> tuple[str, ...]:
@@ -73,6 +78,13 @@ class Tool:
         if self.action_effects is None or action is None:
             return self.effect if self.action_effects is None else "write"
         return self.action_effects[action]
+
+    def scope_of(self, action: str | None) -> str:
+        return (self.action_scopes or {}).get(action or "", self.scope)
+
+    @property
+    def scopes(self) -> frozenset[str]:
+        return frozenset({self.scope, *(self.action_scopes or {}).values()})
 
     @property
     def effects(self) -> frozenset[Effect]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.tools import Tool, ToolContext
-from mcp_knecht.errors import ConflictError, InvalidArgumentsError, PolicyDeniedError
+from mcp_knecht.errors import ConflictError, InvalidArgumentsError
 from mcp_knecht.knecht import runs, variables, workflows
 from mcp_knecht.knecht.inputs import (
     CancelRunInput,
@@ -209,19 +209,12 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
 
     # --- project_variable --------------------------------------------------------------------------
 
-    def need_write_scope(args: ProjectVariableInput, ctx: ToolContext) -> None:
-        if args.action in ("set", "delete") and not ctx.actor.holds("variables:write"):
-            raise PolicyDeniedError(
-                f"project_variable.{args.action} needs scope variables:write, which this token does not hold."
-            )
-
     def need_name(args: ProjectVariableInput) -> str:
         if args.name is None:
             raise _missing("project_variable", "name", f"required for action {args.action!r}")
         return args.name
 
     async def variable_freeze(args: ProjectVariableInput, ctx: ToolContext) -> ProjectVariableInput:
-        need_write_scope(args, ctx)
         name = need_name(args)
         project = await find_project(db, args.project)
         existing = await variables.get_variable(db, project["id"], name)
@@ -253,7 +246,6 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
         if args.action == "get":
             row = await variables.require_variable(db, project["id"], project["slug"], name)
             return {"project": project["slug"], "variable": variables.shown(row)}
-        need_write_scope(args, ctx)
         if args.action == "set":
             if args.value is None:
                 raise _missing("project_variable", "value", "required for action 'set'")
@@ -281,6 +273,7 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
         Tool(name="project_variable", description=PROJECT_VARIABLE, scope="variables:read",
              input_model=ProjectVariableInput, handler=variable,
              action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
+             action_scopes={"set": "variables:write", "delete": "variables:write"},
              preview=variable_preview, freeze=variable_freeze, title="Project variables",
              tags=frozenset({"knecht"})),
     ]

@@ -19,11 +19,12 @@ class SqlProposalRepository:
     async def create(self, proposal: NewProposal) -> int:
         async with self._db.transaction() as tx:
             row = await tx.fetch_one(
-                "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, proposer_subject,"
-                " proposer_client, proposer_scopes, rule, preview_json, status, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) RETURNING id",
+                "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, arguments_shown,"
+                " proposer_subject, proposer_client, proposer_scopes, rule, preview_json, status, created_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) RETURNING id",
                 (
                     proposal.tool, proposal.action, proposal.arguments_json, proposal.arguments_hash,
+                    proposal.arguments_shown,
                     proposal.proposer.subject, proposal.proposer.client,
                     " ".join(sorted(proposal.proposer.scopes)), proposal.rule,
                     json.dumps(proposal.preview, ensure_ascii=False) if proposal.preview is not None else None,

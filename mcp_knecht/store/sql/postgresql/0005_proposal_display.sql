@@ -1,0 +1,2 @@
+-- The frozen arguments as people may see them (secrets masked), beside the exact ones that run.
+ALTER TABLE proposals ADD COLUMN arguments_shown TEXT COLLATE "C";
