@@ -35,7 +35,10 @@ SDK_MARKER = TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk" / "packag
 CLIENT_TIMEOUT = 45  # seconds for one client run
 
 # What a readonly token (conftest.READONLY: projects, workflows, runs, logs — all :read) sees.
-READONLY_TOOLS = {"list_projects", "get_project", "list_runs", "get_run"}
+READONLY_TOOLS = {  # the `readonly` profile: projects, workflows, runs and logs, nothing that writes
+    "list_projects", "get_project", "list_workflows", "get_workflow",
+    "list_runs", "get_run", "get_run_log", "get_action_log",
+}
 DEMO_SLUGS = {project.slug for project in PROJECTS}
 CALL = ["--call", "list_projects", "--args", "{}"]
 INVALID = ["--invalid-call", "list_runs", "--invalid-args", json.dumps({"limit": 10_000})]
