@@ -63,7 +63,7 @@ class _NoAudit:
 
 async def _database(runs: int, seed: int) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
-    path = CACHE / f"list-runs-{runs}-seed{seed}-v1.db"
+    path = CACHE / f"list-runs-{runs}-seed{seed}-v2.db"
     if path.exists():
         return path
     partial = path.with_suffix(".partial")

@@ -570,6 +570,10 @@ async def fill_demo_data(
     big_log = None
     if log_mb and "test_assertion" in generator.examples:
         big_log = await _grow_log(db, generator.examples["test_assertion"], log_mb, progress)
+    # Fresh statistics let the planner pick the selective index for combined filters (a trigger and
+    # a branch that match nothing together: 72 ms → 0.1 ms over a million runs).
+    async with db.transaction() as tx:
+        await tx.execute("ANALYZE")
     workflows = sum(len(p.workflows) for p in projects)
     return DemoSummary(
         projects=len(projects),

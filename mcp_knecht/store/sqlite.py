@@ -136,5 +136,10 @@ class SQLiteDatabase:
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
+            try:  # SQLite's advice: refresh planner statistics where they went stale, cheaply
+                await self._writer.execute_fetchall("PRAGMA analysis_limit = 1000")
+                await self._writer.execute_fetchall("PRAGMA optimize")
+            except sqlite3.Error:
+                pass  # statistics are an optimisation; never fail a shutdown over them
             await self._reader_conn.close()
             await self._writer.close()
