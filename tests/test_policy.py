@@ -4,19 +4,16 @@ decisions that name their rule — seen through the server and the CLI."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
+from mcp_knecht.app import App
 from mcp_knecht.core.policy_file import PolicySource, load_policy
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.errors import ConfigError
 from tests.conftest import REPO
 from tests.staging import AGENT, TEST_TOOLSETS, acli, cli, make_config
-from tests.toolsets import EFFECTS_TABLE
 
 pytestmark = pytest.mark.anyio
 
@@ -40,17 +37,15 @@ def config_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def policy_env(demo_env: dict[str, str], config_dir: Path) -> dict[str, str]:
+def staged_env(demo_env: dict[str, str], config_dir: Path) -> dict[str, str]:
+    """Overrides conftest's: the demo data (SQLite) and this module's policy."""
     return {**demo_env, "KNECHT_CONFIG_DIR": str(config_dir), "KNECHT_TOOLSETS": TEST_TOOLSETS,
             "PYTHONPATH": str(REPO)}
 
 
 @pytest.fixture
-async def app(policy_env: dict[str, str]) -> AsyncIterator[App]:
-    async with open_app(load_settings(env=policy_env)) as running:
-        async with running.db.transaction() as tx:
-            await tx.execute(EFFECTS_TABLE)
-        yield running
+def app(staged_app: App) -> App:
+    return staged_app
 
 
 @pytest.fixture
@@ -105,11 +100,11 @@ async def test_a_broken_policy_file_is_refused_naming_file_key_and_problem(
     assert str(path) in refused.value.message and message in refused.value.message
 
 
-def test_a_broken_policy_file_stops_the_server_and_the_check(policy_env: dict[str, str], config_dir: Path) -> None:
+def test_a_broken_policy_file_stops_the_server_and_the_check(staged_env: dict[str, str], config_dir: Path) -> None:
     (config_dir / "policies.toml").write_text("[tools]\nrerun_everything = 'auto'\n")
-    check = cli("mcp-knecht", policy_env, "policy", "check")
+    check = cli("mcp-knecht", staged_env, "policy", "check")
     assert check.returncode == 2 and "rerun_everything" in check.stderr and "policies.toml" in check.stderr
-    serve = cli("mcp-knecht", {**policy_env, "KNECHT_TOKEN": "x"}, "serve")
+    serve = cli("mcp-knecht", {**staged_env, "KNECHT_TOKEN": "x"}, "serve")
     assert serve.returncode != 0
 
 
@@ -142,31 +137,31 @@ async def test_a_changed_file_takes_effect_without_a_restart(connect, app: App, 
         assert not (await client.call_tool("get_project", {"project": 1})).is_error
 
 
-def test_policy_explain_names_the_rule(policy_env: dict[str, str]) -> None:
-    explained = cli("mcp-knecht", policy_env, "policy", "explain", "memo")
+def test_policy_explain_names_the_rule(staged_env: dict[str, str]) -> None:
+    explained = cli("mcp-knecht", staged_env, "policy", "explain", "memo")
     assert explained.returncode == 0
     assert "memo.get: auto  (rule: policies.toml: memo.get)" in explained.stdout
     assert "memo.set: deny  (rule: policies.toml: memo.set)" in explained.stdout
-    default = cli("mcp-knecht", policy_env, "policy", "explain", "get_run")
+    default = cli("mcp-knecht", staged_env, "policy", "explain", "get_run")
     assert "get_run: approve  (rule: policies.toml: default)" in default.stdout
-    assert cli("mcp-knecht", policy_env, "policy", "explain", "nothing").returncode == 2
-    table = cli("mcp-knecht", policy_env, "policy", "check")
+    assert cli("mcp-knecht", staged_env, "policy", "explain", "nothing").returncode == 2
+    table = cli("mcp-knecht", staged_env, "policy", "check")
     assert table.returncode == 0 and "memo.set" in table.stdout and "deny" in table.stdout
 
 
-async def test_audit_verify_names_an_edited_and_a_deleted_row(app: App, policy_env: dict[str, str]) -> None:
+async def test_audit_verify_names_an_edited_and_a_deleted_row(app: App, staged_env: dict[str, str]) -> None:
     from mcp_knecht.core.actor import Actor
 
     alice = Actor("alice", "pytest", frozenset(AGENT))
     for n in range(10):
         await app.gate.call_tool(alice, "record_effect", {"label": f"e{n}"})
     await app.audit.flush()
-    assert (await acli("mcp-knecht", policy_env, "audit", "verify")).returncode == 0
+    assert (await acli("mcp-knecht", staged_env, "audit", "verify")).returncode == 0
     async with app.db.transaction() as tx:
         await tx.execute("UPDATE audit_log SET outcome = 'denied' WHERE id = 3")
         await tx.execute("DELETE FROM audit_log WHERE id = 7")
-    verified = await acli("mcp-knecht", policy_env, "audit", "verify")
+    verified = await acli("mcp-knecht", staged_env, "audit", "verify")
     assert verified.returncode == 1
     assert "row 3:" in verified.stdout and "row 7:" in verified.stdout
-    listed = await acli("mcp-knecht", policy_env, "audit", "list", "--tool", "record_effect", "--json")
+    listed = await acli("mcp-knecht", staged_env, "audit", "list", "--tool", "record_effect", "--json")
     assert listed.returncode == 0 and '"record_effect"' in listed.stdout

@@ -13,11 +13,9 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ import pytest
 from mcp_knecht.core.auth import TokenSettings, mint_token
 from mcp_knecht.knecht.demo import PROJECTS
 from tests.conftest import server_env
-from tests.servers import free_port, knecht_executable
+from tests.servers import http_server, knecht_executable
 
 pytestmark = pytest.mark.slow
 
@@ -142,60 +140,6 @@ def test_typescript_client_over_stdio(node: str, demo_env: dict[str, str], mint:
 
 
 # --- Streamable HTTP ---------------------------------------------------------------------------
-
-
-@contextmanager
-def http_server(env: dict[str, str], *extra: str, timeout: float = 20.0) -> Iterator[str]:
-    """`mcp-knecht serve --transport http` on a free port; yields the base URL; always stops it.
-
-    stderr goes to a file (no pipe to fill up) and is shown whenever the server fails to start.
-    """
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = Path(env["KNECHT_DATA_DIR"]).parent / f"server-{port}.stderr"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [
-                knecht_executable(),
-                "serve",
-                "--transport",
-                "http",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *extra,
-            ],
-            env=server_env(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                pytest.fail(
-                    f"HTTP server exited with {process.returncode} before it was ready:\n{log.read_text()}"
-                )
-            try:
-                with urllib.request.urlopen(base + "/healthz", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"HTTP server not ready on {base}/healthz within {timeout} s:\n{log.read_text()}")
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(params=[[], ["--stateless"]], ids=["sessions", "stateless"])
