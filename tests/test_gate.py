@@ -232,3 +232,23 @@ async def test_an_action_can_need_a_scope_beyond_the_tools_own(tmp_path: Path) -
         Registry([guarded]).check_scopes({"things:read"})
     await audit.aclose()
     await db.close()
+
+
+async def test_a_crash_while_staging_is_an_internal_error_that_leaks_nothing(tmp_path: Path) -> None:
+    from mcp_knecht.core.staging import ProposalStager
+    from mcp_knecht.store.proposals import SqlProposalRepository
+
+    async def broken_preview(args: CountIn, ctx: ToolContext) -> dict[str, object]:
+        raise RuntimeError("/srv/secret/path: connection refused")
+
+    fragile = Tool("fragile", "Write.", "things:write", CountIn, count, effect="write", preview=broken_preview)
+    db = await open_database(f"sqlite:///{tmp_path / 's.db'}")
+    audit = AuditLog(db)
+    gate = Gate(Registry([fragile]), audit, stager=ProposalStager(SqlProposalRepository(db)))
+    result = await gate.call_tool(Actor("alice", "cli", ALL), "fragile", {"n": 1})
+    assert result.is_error and result.error_code == "internal" and "reference" in result.text
+    assert "secret" not in result.text and "refused" not in result.text
+    assert await db.fetch_all("SELECT id FROM proposals") == []
+    assert [r["outcome"] for r in await audit_rows(db, audit)] == ["failed"]
+    await audit.aclose()
+    await db.close()

@@ -77,6 +77,15 @@ def _no_scrub(text: str) -> str:
     return text
 
 
+def _internal_error(tool_name: str, doing: str) -> GateResult:
+    """Log the exception in flight; tell the client only that it happened, and where to look."""
+    reference = uuid.uuid4().hex[:12]
+    logger.exception("Internal error while %s %s (reference %s)", doing, tool_name, reference)
+    message = f"Internal error while {doing} {tool_name} (reference {reference}); the server log has details."
+    return GateResult("failed", message, {"error": {"code": "internal", "message": message}},
+                      is_error=True, error_code="internal")
+
+
 def _error(outcome: Outcome, exc: ToolError) -> GateResult:
     data = {"error": {"code": exc.code, "message": exc.message, **exc.details}}
     return GateResult(outcome, exc.message, data, is_error=True, error_code=exc.code)
@@ -135,13 +144,9 @@ class Gate:
         try:
             raw = await tool.handler(arguments, ToolContext(actor=actor, source=source))
         except ToolError as exc:
-            return _error("failed", exc)
+            return self._tool_error("failed", exc)
         except Exception:
-            reference = uuid.uuid4().hex[:12]
-            logger.exception("Tool %s failed (reference %s)", tool.name, reference)
-            message = f"Internal error in {tool.name} (reference {reference}); the server log has details."
-            return GateResult("failed", message, {"error": {"code": "internal", "message": message}},
-                              is_error=True, error_code="internal")
+            return _internal_error(tool.name, "running")
         return self._render(raw)
 
     def _look_up(self, actor: Actor, name: object) -> Tool | None:
@@ -166,15 +171,25 @@ class Gate:
                 frozen = await tool.freeze(validated, ToolContext(actor=actor, source="mcp"))
                 validated = validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
         except ToolError as exc:
-            return _error("failed", exc), None
+            return self._tool_error("failed", exc), None
+        except Exception:
+            return _internal_error(tool.name, "preparing the proposal for"), None
         arguments_json = canonical_json(validated.model_dump(mode="json"))
         call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision)
         try:
             proposal = await self._stager.stage(call, actor)
         except ToolError as exc:
-            return _error("failed", exc), call
+            return self._tool_error("failed", exc), call
+        except Exception:
+            return _internal_error(tool.name, "staging"), call
         text = f"Submitted for approval (#{proposal['id']})."
         return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call
+
+    def _tool_error(self, outcome: Outcome, exc: ToolError) -> GateResult:
+        """A tool's own error, scrubbed like any output: its message may quote stored data."""
+        result = _error(outcome, exc)
+        return GateResult(outcome, self._scrub(result.text), self._scrub_data(result.data or {}),
+                          is_error=True, error_code=result.error_code)
 
     def _render(self, raw: Any) -> GateResult:
         if isinstance(raw, BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.errors import KnechtError
 from mcp_knecht.transports.proposal_feed import ProposalFeed
+
+logger = logging.getLogger(__name__)
 
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
 
@@ -61,6 +64,11 @@ def _call_result(result: GateResult) -> types.CallToolResult:
     )
 
 
+_INTERNAL_ERROR = types.CallToolResult(
+    content=[types.TextContent(type="text", text="Internal error; the server log has details.")],
+    is_error=True,
+)
+
 _NOT_AUTHENTICATED = types.CallToolResult(
     content=[types.TextContent(type="text", text="Not authenticated: this request carries no valid token.")],
     is_error=True,
@@ -102,7 +110,11 @@ def build_mcp_server(
         actor = resolve_actor(ctx)
         if actor is None:
             return _NOT_AUTHENTICATED
-        result = await gate.call_tool(actor, params.name, params.arguments, source="mcp")
+        try:
+            result = await gate.call_tool(actor, params.name, params.arguments, source="mcp")
+        except Exception:  # the gate answers every tool failure itself; this is the last line
+            logger.exception("The gate failed on %s", params.name[:200])
+            return _INTERNAL_ERROR
         return _call_result(result)
 
     def prompts_for(actor: Actor | None) -> dict[str, Prompt]:
