@@ -336,3 +336,19 @@ async def test_the_role_comes_from_a_verified_token_claim(app: App, token_settin
     verified = TokenVerifier(token_settings).verify(jwt.encode(claims, token_settings.secret, algorithm="HS256"))
     async with client_for(app, verified) as client:
         assert [list(r) for r in await rows(client, "query_users", {"limit": 1})] == [SUPPORT_USERS]
+
+
+@pytest.mark.slow
+async def test_the_real_knecht_approve_executes_an_entity_proposal(app: App, app_url: str, env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    """Another process executes it: same fingerprint key (the data dir's), same frozen role."""
+    from tests.staging import acli
+
+    async with client_for(app, actor("support")) as client:
+        _, staged, _ = await call(client, "update_users", {"id": 2, "fields": {"city": "Espoo"}})
+    cli_env = entity_env(env, tmp_path / "config")
+    shown = await acli("knecht-approve", cli_env, "show", str(staged["id"]))
+    assert shown.returncode == 0 and "Helsinki" in shown.stdout and "linus@example.com" not in shown.stdout
+    approved = await acli("knecht-approve", cli_env, "approve", str(staged["id"]), "--as", "bob")
+    assert approved.returncode == 0 and "succeeded" in approved.stdout, approved.stdout + approved.stderr
+    assert await app_rows(app_url, "SELECT city FROM users WHERE id = 2") == [{"city": "Espoo"}]

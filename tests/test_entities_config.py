@@ -15,6 +15,7 @@ from mcp_knecht.errors import ConfigError, ScopeCatalogueError
 from tests.test_entities_support import (
     EXAMPLE,
     actor,
+    approve,
     call,
     client_for,
     entity_app,
@@ -166,3 +167,28 @@ async def test_the_fingerprint_key_is_made_once_and_kept_private(env: dict[str, 
     with pytest.raises(ConfigError, match="KNECHT_ENTITIES_KEY"):
         async with entity_app(entity_env(short, config)):
             pass
+
+
+async def test_the_servers_own_store_can_hold_the_application_tables(
+        env: dict[str, str], database_url: str, tmp_path: Path) -> None:
+    """Same URL: the store's connection is reused (and closed once, by the server)."""
+    await make_app_database(database_url)
+    config = make_config(tmp_path / "config", database_url, entities=MINIMAL, extra="")
+    same = {**entity_env(env, config), "KNECHT_DATABASE_URL": database_url}
+    async with entity_app(same) as app, client_for(app, actor("clerk")) as client:
+        _, staged, _ = await call(client, "update_orders", {"id": 1, "fields": {"note": "same store"}})
+        assert (await approve(app, staged["id"])).status == "succeeded"
+        assert (await rows(client, "query_orders", {"filters": {"note": "same store"}}))[0]["id"] == 1
+
+
+async def test_a_declared_postgresql_schema_is_used(env: dict[str, str], pg_url: str, tmp_path: Path) -> None:
+    await make_app_database(pg_url)
+    schema = pg_url.rsplit("search_path=", 1)[1]
+    bare = pg_url.split("?", 1)[0]  # no search_path: only the declared schema finds the table
+    text = MINIMAL.replace('list     =', f'schema = "{schema}"\nlist     =')
+    config = make_config(tmp_path / "config", bare, entities=text, extra="")
+    async with entity_app(entity_env(env, config)) as app, client_for(app, actor("clerk")) as client:
+        assert len(await rows(client, "query_orders", {"limit": 3})) == 3
+    config = make_config(tmp_path / "config", bare, entities=text.replace(f'"{schema}"', '"nowhere"'), extra="")
+    message = await start_fails(env, config)
+    assert "entities.orders.table" in message and "'nowhere'" in message
