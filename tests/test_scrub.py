@@ -1,9 +1,9 @@
-"""The scrubber: secret formats masked, keys kept, JSON kept valid, clean text untouched and fast."""
+"""The scrubber: secret formats masked, keys kept, JSON kept valid, clean text untouched.
+(Its speed is measured by scripts/bench_scrub.py.)"""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -84,20 +84,3 @@ def test_the_registry_swaps_its_values() -> None:
     assert registry("first-secret-value") == "first-secret-value"
     registry.add({"third-secret-value"})
     assert registry("second-secret-value third-secret-value") == f"{MASK} {MASK}"
-
-
-def test_a_clean_kilobyte_of_json_takes_microseconds() -> None:
-    literals = Scrubber([f"literal-{i:02d}-Zq9xW7vB" for i in range(20)])
-    clean = json.dumps({"runs": [{"id": i, "status": "failed", "branch": "main", "commit_sha": f"{i:040x}",
-                                  "project": "payments-api"} for i in range(8)]})[:1024]
-    assert literals(clean) == clean
-    rounds = 2_000
-    best = min(_timed(literals, clean, rounds) for _ in range(5))
-    assert best < 60e-6  # the target is 20 µs (scripts/bench… prints the figure); leave room for slow CI
-
-
-def _timed(scrubber: Scrubber, text: str, rounds: int) -> float:
-    started = time.perf_counter()
-    for _ in range(rounds):
-        scrubber(text)
-    return (time.perf_counter() - started) / rounds

@@ -25,82 +25,98 @@ MIN_LITERAL_LENGTH = 6
 _VALUE = r"[^\s\"'\\,;&<>]+"
 _KEY_WORDS = r"(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|credentials?)"
 
-# name → (regex, lower-cased substrings of which at least one occurs in any match).
-_PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "pem": (
+# Token shapes, matched case-sensitively and without a leading `\b`: each then starts with a
+# literal, which lets the regex engine jump to candidates instead of trying every position (the
+# difference is 1 µs against 75 µs on 3 KB). The word boundary before a token is checked by hand.
+# name → (regex, substrings of which at least one occurs in any match).
+_TOKENS: dict[str, tuple[re.Pattern[str], tuple[str, ...]]] = {
+    "pem": (re.compile(
         r"-----BEGIN[A-Z ]{0,30}PRIVATE KEY-----(?:(?!-----END)[\s\S]){0,8000}"
-        r"(?:-----END[A-Z ]{0,30}PRIVATE KEY-----)?",
-        ("-----begin",),
-    ),
-    "aws_key_id": (r"(?-i:\b(?:AKIA|ASIA)[0-9A-Z]{16}\b)", ("akia", "asia")),
-    "github": (r"\b(?:gh[pousr]_[A-Za-z0-9]{20,255}|github_pat_[A-Za-z0-9_]{22,255})\b", ("gh",)),
-    "gitlab": (r"\bglpat-[A-Za-z0-9_\-]{20,64}", ("glpat-",)),
-    "slack": (r"\bxox[abprs]-[A-Za-z0-9\-]{10,255}", ("xox",)),
-    "jwt": (r"\beyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}", ("eyj",)),
+        r"(?:-----END[A-Z ]{0,30}PRIVATE KEY-----)?", re.IGNORECASE), ("-----BEGIN", "-----begin")),
+    "aws_key_id": (re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}\b"), ("AKIA", "ASIA")),
+    "github": (re.compile(r"gh[pousr]_[A-Za-z0-9]{20,255}\b|github_pat_[A-Za-z0-9_]{22,255}\b"),
+               ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
+    "gitlab": (re.compile(r"glpat-[A-Za-z0-9_\-]{20,64}"), ("glpat-",)),
+    "slack": (re.compile(r"xox[abprs]-[A-Za-z0-9\-]{10,255}"), ("xoxa-", "xoxb-", "xoxp-", "xoxr-", "xoxs-")),
+    "jwt": (re.compile(r"eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}"), ("eyJ",)),
     # scheme://user:password@host — the match starts at "://", keeps the user, masks the password.
-    "url": (r"(?P<url_head>://[^\s:/@\"'\\]{1,200}:)[^\s@/\"'\\]{1,300}(?=@)", ("://",)),
-    # key = value, key: value, "key": "value", KEY="value" — keep the key, mask the value. The match
-    # starts at the keyword: whatever precedes it (AWS_, DB_) is part of the key and stays.
-    "pair": (
-        r"(?P<pair_key>" + _KEY_WORDS + r"[A-Za-z0-9_.\-]{0,40})"
-        r"(?P<pair_close>\\{0,7}[\"'])?[ \t]{0,3}[:=][ \t]{0,3}(?P<pair_open>\\{0,7}[\"'])?"
-        r"(?P<pair_value>" + _VALUE + ")",
-        ("pass", "pwd", "secret", "token", "key", "credential"),
-    ),
+    "url": (re.compile(r"(?P<head>://[^\s:/@\"'\\]{1,200}:)[^\s@/\"'\\]{1,300}(?=@)"), ("://",)),
 }
 
+_HINT_OWNER = {hint: name for name, (_, hints) in _TOKENS.items() for hint in hints}
 
-def _compile(names: tuple[str, ...], literals: tuple[str, ...]) -> re.Pattern[str]:
-    parts = [f"(?P<{name}>{_PATTERNS[name][0]})" for name in names]
-    if literals:
-        parts.insert(0, "(?P<literal>(?-i:" + "|".join(re.escape(value) for value in literals) + "))")
-    return re.compile("|".join(parts), re.IGNORECASE)
+# key = value, key: value, "key": "value", KEY="value" — keep the key, mask the value. The match
+# starts at the keyword: whatever precedes it (AWS_, DB_) is part of the key and stays. Matched on
+# the lower-cased text at the places a keyword occurs (found with str.find, which is fast).
+_PAIR_START = re.compile(r"passw(?:or)?d|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credential")
+_PAIR = re.compile(
+    r"(?P<key>" + _KEY_WORDS + r"[a-z0-9_.\-]{0,40})"
+    r"(?P<close>\\{0,7}[\"'])?[ \t]{0,3}[:=][ \t]{0,3}(?P<open>\\{0,7}[\"'])?"
+    r"(?P<value>" + _VALUE + ")"
+)
+_PAIR_ANY_CASE = re.compile(_PAIR.pattern.replace("[a-z0-9_.", "[A-Za-z0-9_."), re.IGNORECASE)
+_HARMLESS_VALUES = frozenset({"null", "none", "true", "false", MASK, "[redacted]"})
 
 
-def _mask_token(token: str, keep: int) -> str:
-    """Keep a short, harmless prefix (e.g. `ghp_`) so a reader knows what kind of secret it was."""
-    return token[:keep] + MASK
+def _word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
-def _replace(match: re.Match[str]) -> str:
-    kind = match.lastgroup
-    text = match.group(0)
-    if kind == "literal":
-        return MASK
-    if kind == "aws_key_id":
-        return _mask_token(text, 4)
-    if kind == "github":
-        return _mask_token(text, len("github_pat_") if text.startswith("github_pat_") else 4)
-    if kind in ("gitlab", "slack"):
-        return _mask_token(text, text.index("-") + 1)
-    if kind == "jwt":
-        return "eyJ" + MASK
-    if kind == "pem":
-        return "-----BEGIN PRIVATE KEY----- " + MASK + " -----END PRIVATE KEY-----"
-    if kind == "url":
-        return match.group("url_head") + MASK
-    # A pair. A quoted key followed by an unquoted value is JSON's `"secret": true`: not a secret.
-    if match.group("pair_close") and not match.group("pair_open"):
-        return text
-    value = match.group("pair_value")
-    if value == MASK or value.lower() in ("null", "none", "true", "false", "***", "[redacted]"):
-        return text
-    return text[: match.start("pair_value") - match.start()] + MASK
+def _mask_tokens(text: str, name: str, pattern: re.Pattern[str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if name not in ("url", "pem") and match.start() and _word_char(text[match.start() - 1]):
+            return token  # inside a longer word: not a token of this kind
+        if name == "aws_key_id":
+            return token[:4] + MASK
+        if name == "github":
+            return token[: len("github_pat_") if token.startswith("github_pat_") else 4] + MASK
+        if name in ("gitlab", "slack"):
+            return token[: token.index("-") + 1] + MASK
+        if name == "jwt":
+            return "eyJ" + MASK
+        if name == "pem":
+            return "-----BEGIN PRIVATE KEY----- " + MASK + " -----END PRIVATE KEY-----"
+        return match.group("head") + MASK  # url
+
+    return pattern.sub(replace, text)
+
+
+def _pair_replacement(text: str, match: re.Match[str]) -> str | None:
+    """The masked form of a key/value match, or None to leave it (JSON's `"secret": true`)."""
+    if match.group("close") and not match.group("open"):
+        return None  # a quoted key with an unquoted value: a JSON literal, not a secret
+    value = text[match.start("value"):match.end("value")]
+    if value.lower() in _HARMLESS_VALUES:
+        return None
+    return text[match.start():match.start("value")] + MASK
+
+
+def _mask_pairs(text: str) -> str:
+    lowered = text.lower()
+    if len(lowered) != len(text):  # case folding changed lengths (rare scripts): the slow, exact way
+        return _PAIR_ANY_CASE.sub(lambda m: _pair_replacement(text, m) or m.group(0), text)
+    out, done = [], 0
+    for start in (found.start() for found in _PAIR_START.finditer(lowered)):
+        if start < done:
+            continue
+        match = _PAIR.match(lowered, start)
+        if match is None or (masked := _pair_replacement(text, match)) is None:
+            continue
+        out += [text[done:start], masked]
+        done = match.end()
+    return "".join(out) + text[done:] if out else text
 
 
 class Scrubber:
     """`scrubber(text) -> text` with secrets masked. Immutable: `with_literals` returns a new one."""
 
-    __slots__ = ("_compiled", "_literal_probe", "_literals", "_ordered")
+    __slots__ = ("_literals", "_ordered")
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
         self._literals = frozenset(v for v in literals if len(v) >= MIN_LITERAL_LENGTH)
         # Longest first, so a value that contains another is masked whole.
         self._ordered = tuple(sorted(self._literals, key=lambda v: (-len(v), v)))
-        self._literal_probe = (
-            re.compile("|".join(re.escape(v) for v in self._ordered)) if self._ordered else None
-        )
-        self._compiled: dict[tuple[tuple[str, ...], bool], re.Pattern[str]] = {}
 
     @property
     def literals(self) -> frozenset[str]:
@@ -110,23 +126,20 @@ class Scrubber:
         """A scrubber that also masks `values` (exact, case-sensitive; shorter than 6 ignored)."""
         return Scrubber(self._literals | set(values))
 
-    def _pattern(self, names: tuple[str, ...], literals: bool) -> re.Pattern[str]:
-        key = (names, literals)
-        pattern = self._compiled.get(key)
-        if pattern is None:
-            pattern = self._compiled[key] = _compile(names, self._ordered if literals else ())
-        return pattern
-
     def __call__(self, text: str) -> str:
         if not text:
             return text
-        lowered = text.lower()
+        for literal in self._ordered:
+            if literal in text:
+                text = text.replace(literal, MASK)
         # Only the patterns whose hints occur can match; usually none do, and the text is clean.
-        names = tuple(name for name, (_, hints) in _PATTERNS.items() if any(h in lowered for h in hints))
-        literals = self._literal_probe is not None and self._literal_probe.search(text) is not None
-        if not names and not literals:
-            return text
-        return self._pattern(names, literals).sub(_replace, text)
+        if found := {name for hint, name in _HINT_OWNER.items() if hint in text}:
+            for name, (pattern, _) in _TOKENS.items():
+                if name in found:
+                    text = _mask_tokens(text, name, pattern)
+        if _PAIR_START.search(text.lower()):
+            text = _mask_pairs(text)
+        return text
 
 
 class SecretRegistry:
