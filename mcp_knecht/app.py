@@ -40,6 +40,12 @@ class App:
     catalogue: ScopeCatalogue
     prompts: tuple[Prompt, ...]
     secrets: SecretRegistry
+    toolsets: tuple[Toolset, ...]
+
+    async def close_toolsets(self) -> None:
+        for toolset in self.toolsets:
+            if toolset.close is not None:
+                await toolset.close()
 
 
 async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistry) -> list[Toolset]:
@@ -64,7 +70,8 @@ async def assemble(
     stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
     watcher = ProposalWatcher(proposals)
-    return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets)
+    return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
+               tuple(toolsets))
 
 
 @asynccontextmanager
@@ -87,6 +94,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
             finally:
                 tasks.cancel_scope.cancel()
                 await audit.aclose()
+                await app.close_toolsets()
         if failure is not None:
             raise failure
     finally:

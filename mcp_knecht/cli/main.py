@@ -120,6 +120,13 @@ def _cmd_token_mint(args: argparse.Namespace) -> int:
     if args.private_key:
         with open(args.private_key, "rb") as handle:
             private_key = handle.read()
+    extra: dict[str, str] = {}
+    for claim in args.claim or []:
+        name, sep, value = claim.partition("=")
+        if not sep or not name.strip():
+            _say(f"mcp-knecht: --claim needs NAME=VALUE, got {claim!r}.")
+            return EXIT_USAGE
+        extra[name.strip()] = value
     token = mint_token(
         _token_settings(settings),
         subject=args.sub,
@@ -127,6 +134,7 @@ def _cmd_token_mint(args: argparse.Namespace) -> int:
         client=args.client,
         ttl=parse_ttl(args.ttl),
         private_key_pem=private_key,
+        extra_claims=extra,
     )
     print(token)
     return EXIT_OK
@@ -210,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     token_commands = token.add_subparsers(dest="token_command", required=True, metavar="COMMAND")
     mint = token_commands.add_parser(
         "mint", help="print a signed JWT",
-        epilog="example: mcp-knecht token mint --sub alice --profile readonly --ttl 7d",
+        epilog="examples:\n  mcp-knecht token mint --sub alice --profile readonly --ttl 7d\n"
+               "  mcp-knecht token mint --sub bob --scope users:read --claim knecht_role=support",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mint.add_argument("--sub", required=True, help="the subject: who the token acts for")
     who = mint.add_argument_group("scopes (one of)")
@@ -219,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     mint.add_argument("--ttl", default="8h", help="lifetime such as 30m, 8h, 7d (default 8h)")
     mint.add_argument("--client", default="cli", help="client name recorded in the audit log")
     mint.add_argument("--private-key", metavar="PEM", help="signing key when verification uses a public key")
+    mint.add_argument("--claim", action="append", metavar="NAME=VALUE",
+                      help="an extra claim, e.g. knecht_role=support for the entities toolset (repeatable)")
     _common(mint)
     mint.set_defaults(handler=_cmd_token_mint)
 

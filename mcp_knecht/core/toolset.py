@@ -20,6 +20,8 @@ class Toolset:
     name: str
     tools: Sequence[Tool]
     prompts: Sequence[Prompt] = field(default_factory=tuple)
+    close: Callable[[], Awaitable[None]] | None = None
+    """Release what the toolset opened (connections to other databases); called at shutdown."""
 
 
 @dataclass(frozen=True)

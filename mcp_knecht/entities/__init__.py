@@ -11,8 +11,6 @@ the same URL), checks the declaration against the real tables, and serves per en
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 from mcp_knecht.core.toolset import Toolset, ToolsetContext
@@ -48,21 +46,6 @@ class _Databases:
         self._opened.clear()
 
 
-def _close_with(store: Any, close: Callable[[], Awaitable[None]]) -> None:
-    """Close our databases when the server closes its store.
-
-    A stopgap: toolsets have no close hook yet (see docs/entities.md, "For maintainers")."""
-    close_store = store.close
-
-    async def close_both() -> None:
-        try:
-            await close()
-        finally:
-            await close_store()
-
-    store.close = close_both
-
-
 async def toolset(context: ToolsetContext) -> Toolset:
     declaration = load_declaration(context.config_dir, context.env)
     if declaration is None:
@@ -81,10 +64,9 @@ async def toolset(context: ToolsetContext) -> Toolset:
     except BaseException:
         await databases.close()
         raise
-    _close_with(context.db, databases.close)
     passwords = {urlsplit(e.database_url).password for e in declaration.entities.values()}
     context.secrets.add(p for p in passwords if p)
-    return Toolset(name="entities", tools=tools)
+    return Toolset(name="entities", tools=tools, close=databases.close)
 
 
 __all__ = ["toolset"]

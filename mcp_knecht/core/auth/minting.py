@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,8 +35,12 @@ def mint_token(
     private_key_pem: bytes | None = None,
     key_id: str | None = None,
     now: datetime | None = None,
+    extra_claims: Mapping[str, Any] | None = None,
 ) -> str:
     """Return a signed JWT that this server's `TokenVerifier` accepts.
+
+    `extra_claims` adds application claims (e.g. `knecht_role` for the entities toolset); the
+    registered ones this function sets (iss, aud, sub, exp, scope, …) cannot be overridden.
 
     `now` exists for tests and for minting tokens that start later.
     """
@@ -61,6 +65,10 @@ def mint_token(
         "scope": " ".join(scope_list),
         "client_id": client,
     }
+    if extra_claims:
+        if clash := sorted(set(extra_claims) & (set(claims) | {"scp", "azp"})):
+            raise ConfigError(f"Claim {clash[0]!r} is set by mcp-knecht itself and cannot be given as --claim.")
+        claims.update(extra_claims)
     headers = {"kid": key_id} if key_id else None
     if settings.secret is not None:
         return jwt.encode(claims, settings.secret, algorithm="HS256", headers=headers)
