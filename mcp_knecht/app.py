@@ -43,29 +43,45 @@ class App:
     toolsets: tuple[Toolset, ...]
 
     async def close_toolsets(self) -> None:
-        for toolset in self.toolsets:
-            if toolset.close is not None:
-                await toolset.close()
+        await _close(self.toolsets)
+
+
+async def _close(toolsets: Iterable[Toolset]) -> None:
+    for toolset in toolsets:
+        if toolset.close is not None:
+            await toolset.close()
 
 
 async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistry) -> list[Toolset]:
     context = ToolsetContext(db=db, secrets=secrets, config_dir=settings.config_dir, env=settings.env)
-    return [await build_toolset(load_factory(spec), context) for spec in (*settings.toolsets, FOLLOWUP_TOOLSET)]
+    loaded: list[Toolset] = []
+    try:
+        for spec in (*settings.toolsets, FOLLOWUP_TOOLSET):
+            loaded.append(await build_toolset(load_factory(spec), context))
+    except BaseException:
+        await _close(loaded)
+        raise
+    return loaded
 
 
 async def assemble(
     settings: Settings, db: Database, audit: AuditLog, *, extra_tools: Iterable[Tool] = ()
 ) -> App:
-    """Everything but the background tasks; fails closed on any config problem."""
+    """Everything but the background tasks; fails closed on any config problem (and then releases
+    whatever the toolsets had opened)."""
     catalogue = load_scopes(settings.scopes_dir)
     secrets = SecretRegistry()
     toolsets = await load_toolsets(settings, db, secrets)
-    registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
-    registry.check_scopes(catalogue.scopes)
-    prompts = tuple(prompt for ts in toolsets for prompt in ts.prompts)
-    for prompt in prompts:
-        catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
-    policy = PolicySource(settings.policy_file, registry)
+    try:
+        registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
+        registry.check_scopes(catalogue.scopes)
+        prompts = tuple(prompt for ts in toolsets for prompt in ts.prompts)
+        for prompt in prompts:
+            catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
+        policy = PolicySource(settings.policy_file, registry)
+    except BaseException:
+        await _close(toolsets)
+        raise
     proposals = SqlProposalRepository(db)
     stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
