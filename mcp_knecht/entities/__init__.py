@@ -2,7 +2,7 @@
 
     KNECHT_TOOLSETS=mcp_knecht.knecht:toolset,mcp_knecht.entities:toolset
 
-reads `<config_dir>/entities.toml` (format: `declaration.py`, docs/entities.md), opens each
+reads `<config_dir>/entities.toml` (format: `declaration.py` and the README, "Entities"), opens each
 entity's database (one connection per distinct URL; the server's own store is reused when it is
 the same URL), checks the declaration against the real tables, and serves per entity
 `query_<entity>` (scope `<entity>:read`) and the staged `create_/update_/delete_<entity>`
