@@ -176,15 +176,18 @@ class Side:
 
 
 async def in_memory(app: Any, actor: Any, arguments: dict[str, Any], mode: str, calls: int,
-                    warmup: int) -> tuple[dict[str, Any], Side]:
+                    warmup: int, scrub: bool = True) -> tuple[dict[str, Any], Side]:
     from mcp import Client
 
+    from mcp_knecht.core.gate import Gate
     from mcp_knecht.core.tools import ToolContext
     from mcp_knecht.transports.mcp_server import build_mcp_server
 
     tool = app.registry.get(TOOL)
     parsed = tool.input_model.model_validate(arguments)
-    gated_server = build_mcp_server(app.gate, lambda ctx: actor)
+    # Without the scrubber: what the gate's own steps cost (validation, policy, audit).
+    gate = app.gate if scrub else Gate(app.registry, app.audit, policy=app.policy)
+    gated_server = build_mcp_server(gate, lambda ctx: actor)
     bare_server = build_bare_server(tool, parsed, ToolContext(actor=actor, source="mcp"))
     async with Client(gated_server, mode=mode) as gated_client, Client(bare_server, mode=mode) as bare_client:
         gated = Side("gated", gated_client, app.audit.flush)
@@ -273,7 +276,8 @@ async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict
         gated_calls = 0
         for mode in ("auto", "legacy"):
             progress(f"in-memory tools/call, mode {mode}: {args.calls} calls per side, batches of {BATCH}")
-            result, gated = await in_memory(app, actor, arguments, mode, args.calls, args.warmup)
+            result, gated = await in_memory(app, actor, arguments, mode, args.calls, args.warmup,
+                                            scrub=not args.without_scrubber)
             gated_calls += gated.calls + 1  # + the comparison call
             results["modes"].append(result)
         if args.profile:
@@ -523,6 +527,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="leave out a phase (repeatable)")
     parser.add_argument("--importtime", action="store_true", help="also report start-up import times")
     parser.add_argument("--profile", type=int, metavar="N", default=0, help="also cProfile N gated calls")
+    parser.add_argument("--without-scrubber", action="store_true",
+                        help="gated side without output scrubbing: the cost of the gate's own steps")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     return parser.parse_args(argv)
 
