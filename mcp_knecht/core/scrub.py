@@ -28,26 +28,24 @@ _KEY_WORDS = r"(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]
 # Token shapes, matched case-sensitively and without a leading `\b`: each then starts with a
 # literal, which lets the regex engine jump to candidates instead of trying every position (the
 # difference is 1 µs against 75 µs on 3 KB). The word boundary before a token is checked by hand.
-# name → (regex, substrings of which at least one occurs in any match).
-_TOKENS: dict[str, tuple[re.Pattern[str], tuple[str, ...]]] = {
-    "pem": (re.compile(
+_TOKENS: dict[str, re.Pattern[str]] = {
+    "pem": re.compile(
         r"-----BEGIN[A-Z ]{0,30}PRIVATE KEY-----(?:(?!-----END)[\s\S]){0,8000}"
-        r"(?:-----END[A-Z ]{0,30}PRIVATE KEY-----)?", re.IGNORECASE), ("-----BEGIN", "-----begin")),
-    "aws_key_id": (re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}\b"), ("AKIA", "ASIA")),
-    "github": (re.compile(r"gh[pousr]_[A-Za-z0-9]{20,255}\b|github_pat_[A-Za-z0-9_]{22,255}\b"),
-               ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
-    "gitlab": (re.compile(r"glpat-[A-Za-z0-9_\-]{20,64}"), ("glpat-",)),
-    "slack": (re.compile(r"xox[abprs]-[A-Za-z0-9\-]{10,255}"), ("xoxa-", "xoxb-", "xoxp-", "xoxr-", "xoxs-")),
-    "jwt": (re.compile(r"eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}"), ("eyJ",)),
+        r"(?:-----END[A-Z ]{0,30}PRIVATE KEY-----)?", re.IGNORECASE),
+    "aws_key_id": re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "github": re.compile(r"gh[pousr]_[A-Za-z0-9]{20,255}\b|github_pat_[A-Za-z0-9_]{22,255}\b"),
+    "gitlab": re.compile(r"glpat-[A-Za-z0-9_\-]{20,64}"),
+    "slack": re.compile(r"xox[abprs]-[A-Za-z0-9\-]{10,255}"),
+    "jwt": re.compile(r"eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{5,}"),
     # scheme://user:password@host — the match starts at "://", keeps the user, masks the password.
-    "url": (re.compile(r"(?P<head>://[^\s:/@\"'\\]{1,200}:)[^\s@/\"'\\]{1,300}(?=@)"), ("://",)),
+    "url": re.compile(r"(?P<head>://[^\s:/@\"'\\]{1,200}:)[^\s@/\"'\\]{1,300}(?=@)"),
 }
 
-_HINT_OWNER = {hint: name for name, (_, hints) in _TOKENS.items() for hint in hints}
 
 # key = value, key: value, "key": "value", KEY="value" — keep the key, mask the value. The match
 # starts at the keyword: whatever precedes it (AWS_, DB_) is part of the key and stays. Matched on
-# the lower-cased text at the places a keyword occurs (found with str.find, which is fast).
+# the lower-cased text at the places a keyword occurs.
+_PAIR_ANCHORS = ("pass", "pwd", "secret", "token", "key", "credential")  # substring checks are cheap
 _PAIR_START = re.compile(r"passw(?:or)?d|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credential")
 _PAIR = re.compile(
     r"(?P<key>" + _KEY_WORDS + r"[a-z0-9_.\-]{0,40})"
@@ -133,11 +131,11 @@ class Scrubber:
             if literal in text:
                 text = text.replace(literal, MASK)
         # Only the patterns whose hints occur can match; usually none do, and the text is clean.
-        if found := {name for hint, name in _HINT_OWNER.items() if hint in text}:
-            for name, (pattern, _) in _TOKENS.items():
-                if name in found:
-                    text = _mask_tokens(text, name, pattern)
-        if _PAIR_START.search(text.lower()):
+        for name, pattern in _TOKENS.items():
+            if pattern.search(text):  # each starts with a literal: a fast scan, usually finding nothing
+                text = _mask_tokens(text, name, pattern)
+        lowered = text.lower()
+        if any(anchor in lowered for anchor in _PAIR_ANCHORS) and _PAIR_START.search(lowered):
             text = _mask_pairs(text)
         return text
 
