@@ -13,14 +13,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
-import secrets
-import stat
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from mcp_knecht.config import default_data_dir
+from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
 from mcp_knecht.entities.sql import json_value
 from mcp_knecht.errors import ConfigError
 
@@ -36,31 +33,8 @@ def load_key(env: Mapping[str, str]) -> bytes:
         return explicit.encode()
     path = default_data_dir(env) / KEY_FILENAME
     if not path.exists():
-        _create(path)
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if os.name == "posix" and mode & 0o077:
-        raise ConfigError(f"The entities key {path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
-    key = path.read_text(encoding="ascii").strip().encode()
-    if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(f"The entities key in {path} is too short; delete the file to have a new one made.")
-    return key
-
-
-def _create(path: Path) -> None:
-    """Appear complete or not at all; a concurrent first start keeps the other process's key."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(secrets.token_urlsafe(48) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+        create_secret_file(path)
+    return read_secret_file(path, what="entities key", min_bytes=MIN_KEY_BYTES).encode()
 
 
 def fingerprint(key: bytes, entity: str, row_id: Any, row: Mapping[str, Any] | None) -> str:

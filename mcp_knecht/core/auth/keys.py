@@ -6,9 +6,6 @@ Each key kind brings its own algorithm allow-list, so `alg: none` and HS/RS key 
 
 from __future__ import annotations
 
-import os
-import secrets
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from cryptography.x509 import load_pem_x509_certificate
 
+from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
 from mcp_knecht.errors import ConfigError
 
 ENV_SECRET = "KNECHT_JWT_SECRET"
@@ -147,47 +145,13 @@ def load_token_settings(data_dir: Path, env: Mapping[str, str], *, create_dev_se
                 f"No token key configured: set {ENV_SECRET}, {ENV_PUBLIC_KEY} or {ENV_JWKS_URL}, "
                 f"or start the server once to generate a dev secret at {path}."
             )
-        created = _create_dev_secret(path)
+        created = create_secret_file(path)
     return TokenSettings(
-        secret=_read_dev_secret(path),
+        secret=read_secret_file(path, what="dev secret", min_bytes=MIN_SECRET_BYTES),
         dev_secret_path=path,
         dev_secret_created=created,
         **common,
     )
-
-
-def _create_dev_secret(path: Path) -> bool:
-    """Write a fresh secret so that it appears complete or not at all; False if we lost a race."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(secrets.token_urlsafe(48) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        # link() refuses to replace: a concurrent first start keeps the other process's secret.
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _read_dev_secret(path: Path) -> str:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if os.name == "posix" and mode & 0o077:
-        raise ConfigError(
-            f"The dev secret {path} is readable by others (mode {mode:o}); run: chmod 600 {path}"
-        )
-    secret = path.read_text(encoding="utf-8").strip()
-    if len(secret.encode()) < MIN_SECRET_BYTES:
-        raise ConfigError(
-            f"The dev secret in {path} is shorter than {MIN_SECRET_BYTES} bytes; "
-            "delete the file to have a new one generated."
-        )
-    return secret
 
 
 def _check_jwks_url(url: str) -> None:
