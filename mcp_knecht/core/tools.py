@@ -6,7 +6,7 @@ A toolset builds `Tool` values and registers them; the gate is the only caller o
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
@@ -62,7 +62,6 @@ class Tool:
     idempotent: bool = False
     preview: Previewer | None = None
     freeze: Freezer | None = None
-    tags: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         if self.action_effects is not None and "action" not in self.input_model.model_fields:

@@ -134,7 +134,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=ListProjectsInput,
             handler=list_projects,
             title="List projects",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="get_project",
@@ -143,7 +142,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=GetProjectInput,
             handler=get_project,
             title="Get a project",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="list_runs",
@@ -152,7 +150,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=ListRunsInput,
             handler=list_runs,
             title="List runs",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="get_run",
@@ -161,7 +158,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=GetRunInput,
             handler=get_run,
             title="Get a run",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="list_workflows",
@@ -170,7 +166,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=ListWorkflowsInput,
             handler=list_workflows,
             title="List workflows",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="get_workflow",
@@ -179,7 +174,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=GetWorkflowInput,
             handler=get_workflow,
             title="Get a workflow definition",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="get_run_log",
@@ -188,7 +182,6 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=GetRunLogInput,
             handler=get_run_log,
             title="Read a run's log",
-            tags=frozenset({"knecht"}),
         ),
         Tool(
             name="get_action_log",
@@ -197,6 +190,5 @@ def knecht_tools(db: Database) -> list[Tool]:
             input_model=GetActionLogInput,
             handler=get_action_log,
             title="Read an action's log",
-            tags=frozenset({"knecht"}),
         ),
     ]

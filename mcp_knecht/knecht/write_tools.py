@@ -260,22 +260,20 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
     return [
         Tool(name="rerun_run", description=RERUN_RUN, scope="runs:write", input_model=RerunRunInput,
              handler=rerun, effect="write", preview=rerun_preview, freeze=rerun_freeze,
-             title="Re-run a run", tags=frozenset({"knecht"})),
+             title="Re-run a run"),
         Tool(name="cancel_run", description=CANCEL_RUN, scope="runs:write", input_model=CancelRunInput,
-             handler=cancel, effect="write", preview=cancel_preview, title="Cancel a run",
-             tags=frozenset({"knecht"})),
+             handler=cancel, effect="write", preview=cancel_preview, title="Cancel a run"),
         Tool(name="dispatch_workflow", description=DISPATCH_WORKFLOW, scope="workflows:write",
              input_model=DispatchWorkflowInput, handler=dispatch, effect="write", preview=dispatch_preview,
-             freeze=dispatch_freeze, title="Start a workflow", tags=frozenset({"knecht"})),
+             freeze=dispatch_freeze, title="Start a workflow"),
         Tool(name="update_workflow", description=UPDATE_WORKFLOW, scope="workflows:write",
              input_model=UpdateWorkflowInput, handler=update, effect="write", preview=update_preview,
-             freeze=update_freeze, title="Change a workflow definition", tags=frozenset({"knecht"})),
+             freeze=update_freeze, title="Change a workflow definition"),
         Tool(name="project_variable", description=PROJECT_VARIABLE, scope="variables:read",
              input_model=ProjectVariableInput, handler=variable,
              action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
              action_scopes={"set": "variables:write", "delete": "variables:write"},
-             preview=variable_preview, freeze=variable_freeze, title="Project variables",
-             tags=frozenset({"knecht"})),
+             preview=variable_preview, freeze=variable_freeze, title="Project variables"),
     ]
 
 

@@ -50,11 +50,6 @@ class DecisionNotifier(Protocol):
         """`async with notifier.watching(id) as changes:` → `Changes`."""
         ...
 
-    async def wait_for_change(self, proposal_id: int, timeout: float) -> bool:
-        """One-shot wait (a change between the caller's last read and this call may be missed;
-        use `watching` around the read when that matters)."""
-        ...
-
     async def aclose(self) -> None: ...
 
 
@@ -76,9 +71,6 @@ class PollingNotifier:
     @asynccontextmanager
     async def watching(self, proposal_id: int) -> AsyncIterator[Changes]:
         yield _Polling(self._interval)
-
-    async def wait_for_change(self, proposal_id: int, timeout: float) -> bool:
-        return await _Polling(self._interval).wait(timeout)
 
     async def aclose(self) -> None:
         pass
@@ -161,10 +153,6 @@ class PgDecisionNotifier:
                 subscribers.discard(subscription)
                 if not subscribers:
                     del self._subscribers[proposal_id]
-
-    async def wait_for_change(self, proposal_id: int, timeout: float) -> bool:
-        async with self.watching(proposal_id) as changes:
-            return await changes.wait(timeout)
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
