@@ -22,6 +22,7 @@ from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditLog
+from mcp_knecht.store.notify import decision_notifier
 from mcp_knecht.store.proposals import SqlProposalRepository
 
 FOLLOWUP_TOOLSET = "mcp_knecht.followup:toolset"
@@ -85,9 +86,18 @@ async def assemble(
     proposals = SqlProposalRepository(db)
     stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
-    watcher = ProposalWatcher(proposals)
+    watcher = _proposal_watcher(proposals, db)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
                tuple(toolsets))
+
+
+def _proposal_watcher(proposals: SqlProposalRepository, db: Database) -> ProposalWatcher:
+    """On PostgreSQL a NOTIFY wakes the watcher at once (and it still looks every 5 s); elsewhere
+    it looks twice a second."""
+    if db.dialect != "postgresql":
+        return ProposalWatcher(proposals)
+    notifier = decision_notifier(db)
+    return ProposalWatcher(proposals, interval=5.0, wakeups=lambda: notifier.watching(None))
 
 
 @asynccontextmanager

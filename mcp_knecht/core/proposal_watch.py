@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 
@@ -25,10 +27,23 @@ class StatusChange:
 Listener = Callable[[StatusChange], Awaitable[None]]
 
 
+class Wakeups(Protocol):
+    async def wait(self, timeout: float) -> bool:
+        """Return early when some proposal may have changed (a push from the store)."""
+        ...
+
+
+WakeupSource = Callable[[], AbstractAsyncContextManager[Wakeups]]
+
+
 class ProposalWatcher:
-    def __init__(self, proposals: ProposalRepository, *, interval: float = 0.5) -> None:
+    def __init__(self, proposals: ProposalRepository, *, interval: float = 0.5,
+                 wakeups: WakeupSource | None = None) -> None:
+        """`wakeups`: a push channel from the store (LISTEN/NOTIFY); then `interval` is only the
+        longest pause between two looks, not the polling rate."""
         self._proposals = proposals
         self._interval = interval
+        self._wakeups = wakeups
         self._listeners: list[Listener] = []
         self._open: dict[int, str] = {}
         self._newest = 0
@@ -69,9 +84,17 @@ class ProposalWatcher:
     async def run(self) -> None:
         """Poll until cancelled; the first look records what already exists, so only later
         changes are announced."""
-        while True:
-            try:
-                await self.poll()
-            except Exception:
-                logger.exception("Watching proposals failed; retrying")
-            await anyio.sleep(self._interval)
+        if self._wakeups is None:
+            while True:
+                await self._poll_logged()
+                await anyio.sleep(self._interval)
+        async with self._wakeups() as changes:
+            while True:
+                await self._poll_logged()
+                await changes.wait(self._interval)
+
+    async def _poll_logged(self) -> None:
+        try:
+            await self.poll()
+        except Exception:
+            logger.exception("Watching proposals failed; retrying")

@@ -46,8 +46,8 @@ class Changes(Protocol):
 
 
 class DecisionNotifier(Protocol):
-    def watching(self, proposal_id: int) -> Any:
-        """`async with notifier.watching(id) as changes:` → `Changes`."""
+    def watching(self, proposal_id: int | None) -> Any:
+        """`async with notifier.watching(id) as changes:` → `Changes`; `None` watches every proposal."""
         ...
 
     async def aclose(self) -> None: ...
@@ -69,7 +69,7 @@ class PollingNotifier:
         self._interval = interval
 
     @asynccontextmanager
-    async def watching(self, proposal_id: int) -> AsyncIterator[Changes]:
+    async def watching(self, proposal_id: int | None) -> AsyncIterator[Changes]:
         yield _Polling(self._interval)
 
     async def aclose(self) -> None:
@@ -105,7 +105,7 @@ class PgDecisionNotifier:
         self.poll_interval = poll_interval
         self._conn: Any = None
         self._start_lock = anyio.Lock()
-        self._subscribers: dict[int, set[_Subscription]] = {}
+        self._subscribers: dict[int | None, set[_Subscription]] = {}  # None: every proposal
         self.notifications = 0
 
     @property
@@ -131,8 +131,9 @@ class PgDecisionNotifier:
             proposal_id = int(payload)
         except ValueError:
             return
-        for subscription in self._subscribers.get(proposal_id, ()):
-            subscription.fire()
+        for key in (proposal_id, None):
+            for subscription in self._subscribers.get(key, ()):
+                subscription.fire()
 
     def _on_lost(self, _conn: Any) -> None:
         logger.warning("The LISTEN connection for decisions was lost; polling until it is back")
@@ -141,7 +142,7 @@ class PgDecisionNotifier:
                 subscription.fire()  # read again now: a change may have been missed
 
     @asynccontextmanager
-    async def watching(self, proposal_id: int) -> AsyncIterator[Changes]:
+    async def watching(self, proposal_id: int | None) -> AsyncIterator[Changes]:
         await self._ensure_listening()
         subscription = _Subscription(self)
         self._subscribers.setdefault(proposal_id, set()).add(subscription)
