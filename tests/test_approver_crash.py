@@ -55,3 +55,45 @@ async def test_an_approver_killed_while_executing_leaves_the_outcome_unknown_and
     assert await app.db.fetch_all("SELECT label, phase FROM test_effects") == [{"label": "slow", "phase": "started"}]
     shown = await acli("knecht-approve", staged_env, "show", str(proposal_id))
     assert "outcome unknown" in shown.stdout
+
+    # Just started: its approver might still be alive, so settling needs --force.
+    hasty = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
+                       "--outcome", "failed", "--reason", "the approver was killed")
+    assert hasty.returncode == 1 and "--force" in hasty.stderr
+    forced = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
+                        "--outcome", "failed", "--reason", "the approver was killed", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (await app.proposals.get(proposal_id)).status == "failed"  # type: ignore[union-attr]
+    assert await app.db.fetch_all("SELECT label, phase FROM test_effects") == [{"label": "slow", "phase": "started"}]
+
+
+async def test_an_operator_settles_an_outcome_unknown_execution_without_running_anything(  # type: ignore[no-untyped-def]
+    app: App, staged_env
+) -> None:
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    staged = await app.gate.call_tool(alice, "record_effect", {"label": "stuck"})
+    proposal_id = staged.data["id"]  # type: ignore[index]
+    pending = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
+                         "--outcome", "failed", "--reason", "checked")
+    assert pending.returncode == 1 and "only an execution whose outcome is unknown" in pending.stderr
+
+    # An approver that died after claiming and starting: the state a kill -9 leaves behind.
+    assert await app.proposals.claim(proposal_id, "bob", "2026-01-01T00:00:00.000000Z")
+    assert await app.proposals.start_execution(proposal_id, "2026-01-01T00:00:00.000000Z")
+    assert (await app.proposals.get(proposal_id)).status == "executing"  # type: ignore[union-attr]
+
+    settled_by_cli = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
+                                "--outcome", "failed", "--reason", "checked")
+    assert settled_by_cli.returncode == 0 and "Settled" in settled_by_cli.stdout
+    proposal = await app.proposals.get(proposal_id)
+    assert proposal is not None and proposal.status == "failed"
+    assert proposal.error == "Settled as failed by carol: checked"
+    assert await app.db.fetch_all("SELECT label FROM test_effects") == []  # nothing ran
+    again = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
+                       "--outcome", "succeeded", "--reason", "changed my mind")
+    assert again.returncode == 1
+    await app.audit.flush()
+    settled = await app.db.fetch_all(
+        "SELECT subject, outcome, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'settled'",
+        (proposal_id,))
+    assert [(r["subject"], r["outcome"]) for r in settled] == [("carol", "settled")]

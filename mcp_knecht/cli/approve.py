@@ -1,7 +1,8 @@
 """`knecht-approve`: operators review staged calls and approve or reject them.
 
 Exit codes: 0 done · 1 the proposal is not pending any more (lost race, expired, unknown id),
-or cannot be approved by you (your own, hash mismatch) · 2 usage or configuration error.
+or cannot be decided by you now (your own, hash mismatch, still executing) · 2 usage or
+configuration error.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ examples:
   knecht-approve approve 12 --expect-hash 3f9a1c07
   knecht-approve reject 12 --reason "rerun the nightly instead"
   knecht-approve watch                       live view of new pending proposals
+  knecht-approve settle 12 --outcome failed --reason "no rerun was created"
+                                             an execution whose approver died
 
 exit codes: 0 done, 1 not pending any more (lost race, expired, unknown) or not
 yours to approve, 2 usage error
@@ -111,6 +114,13 @@ async def _reject(args: argparse.Namespace, app: Any) -> int:
     return EXIT_OK
 
 
+async def _settle(args: argparse.Namespace, app: Any) -> int:
+    proposal = await _service(app).settle(args.id, _operator(args), succeeded=args.outcome == "succeeded",
+                                          note=args.reason, force=args.force)
+    print(f"Settled #{proposal.id} ({proposal.call_name}) as {proposal.status}.")
+    return EXIT_OK
+
+
 async def _watch(args: argparse.Namespace, app: Any) -> int:
     from mcp_knecht.cli.render import proposal_json, proposal_row
     from mcp_knecht.core.proposals import timestamp
@@ -169,6 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
     reject.add_argument("id", type=int)
     reject.add_argument("--reason", required=True)
     reject.set_defaults(run=_reject)
+
+    from mcp_knecht.core.approval import SETTLE_AFTER
+
+    minutes = int(SETTLE_AFTER.total_seconds() // 60)
+    settle = commands.add_parser(
+        "settle", parents=[common],
+        help="record the outcome of an execution whose approver stopped (outcome unknown); runs nothing",
+    )
+    settle.add_argument("id", type=int)
+    settle.add_argument("--outcome", required=True, choices=["succeeded", "failed"],
+                        help="what you found when you checked the effect by hand")
+    settle.add_argument("--reason", required=True, help="what you checked")
+    settle.add_argument("--force", action="store_true",
+                        help=f"settle although it started less than {minutes} minutes ago")
+    settle.set_defaults(run=_settle)
 
     watch = commands.add_parser("watch", parents=[common], help="print new pending proposals as they arrive")
     watch.add_argument("--interval", type=float, default=1.0, help="seconds between looks (default 1)")

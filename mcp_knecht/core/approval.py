@@ -2,17 +2,20 @@
 
     approve(id)  pending ──claim──▶ approved ──▶ executing ──▶ succeeded | failed
     reject(id)   pending ──────────▶ rejected
+    settle(id)                               executing ──▶ succeeded | failed   (by a person)
 
 The claim is one conditional update: of racing operators exactly one wins, and only the winner
 executes. Execution runs the frozen arguments (hash re-checked, re-validated) through the gate's
 own execution path, as the proposer with the scopes it held, with no model involved. A crash
-while executing leaves `executing`: nothing here ever picks it up again.
+while executing leaves `executing`: nothing here ever picks it up again. An operator who has
+checked the effect by hand may `settle` it — record the outcome; nothing runs.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from mcp_knecht.core.audit import AuditEntry, DurableAuditSink
 from mcp_knecht.core.canonical import sha256_hex
@@ -21,6 +24,7 @@ from mcp_knecht.core.proposals import Proposal, ProposalRepository, timestamp
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
     ConfigError,
+    DecisionError,
     HashMismatchError,
     InvalidArgumentsError,
     NotPendingError,
@@ -28,6 +32,8 @@ from mcp_knecht.errors import (
 )
 
 MIN_EXPECTED_HASH = 8
+SETTLE_AFTER = timedelta(minutes=5)
+"""An execution younger than this may still be running: settling it needs `force`."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,35 @@ class ApprovalService:
         if not await self._proposals.reject(proposal_id, operator.name, reason.strip(), timestamp()):
             raise self._not_pending(await self._current(proposal_id))
         self._record(operator, proposal, "rejected", reason=reason.strip())
+        await self._audit.flush()
+        return await self._current(proposal_id)
+
+    async def settle(self, proposal_id: int, operator: Operator, *, succeeded: bool, note: str,
+                     force: bool = False) -> Proposal:
+        """Record the outcome of an execution whose approver stopped ("outcome unknown")."""
+        if not note.strip():
+            raise ConfigError("Settling needs --reason: say what you checked.")
+        proposal = await self._current(proposal_id)
+        if proposal.status != "executing":
+            raise DecisionError(
+                f"Proposal #{proposal_id} is {proposal.shown_status}; only an execution whose outcome is unknown "
+                "can be settled."
+            )
+        started = datetime.fromisoformat((proposal.started_at or proposal.created_at).replace("Z", "+00:00"))
+        if not force and datetime.now(UTC) - started < SETTLE_AFTER:
+            raise DecisionError(
+                f"Proposal #{proposal_id} started executing at {proposal.started_at}; its approver may still be "
+                "running. Check the effect, then settle it with --force (or wait)."
+            )
+        settled = {"settled_by": operator.name, "note": note.strip()}
+        if not await self._proposals.finish(
+            proposal_id, succeeded=succeeded, now=timestamp(),
+            result_json=json.dumps(settled, ensure_ascii=False) if succeeded else None,
+            error=None if succeeded else f"Settled as failed by {operator.name}: {note.strip()}",
+        ):
+            raise self._not_pending(await self._current(proposal_id))
+        self._record(operator, proposal, "settled", settled_as="succeeded" if succeeded else "failed",
+                     note=note.strip())
         await self._audit.flush()
         return await self._current(proposal_id)
 

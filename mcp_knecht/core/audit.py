@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 
 Outcome = Literal[
     "ran", "failed", "invalid", "denied", "staged", "forbidden",
-    "approved", "rejected", "executed", "execution_failed",
+    "approved", "rejected", "executed", "execution_failed", "settled",
 ]
 
 
