@@ -88,3 +88,29 @@ async def test_another_subjects_proposal_cannot_be_read_or_subscribed(app: App, 
                 async with client.listen(resource_subscriptions=[f"knecht://proposals/{proposal_id}"]):
                     pass
         assert (await client.list_resources()).resources == []
+
+
+async def test_the_watcher_announces_changes_after_its_start_not_history(app: App) -> None:
+    from mcp_knecht.core.approval import ApprovalService, Operator
+    from mcp_knecht.core.proposal_watch import ProposalWatcher, StatusChange
+
+    decided_before = await stage(app)
+    await ApprovalService(app.proposals, app.gate, app.audit).reject(decided_before, Operator("bob"), "old")
+    still_open = await stage(app)
+    heard: list[StatusChange] = []
+
+    async def listen(change: StatusChange) -> None:
+        heard.append(change)
+
+    watcher = ProposalWatcher(app.proposals)
+    watcher.subscribe(listen)
+    assert await watcher.poll() == [] and heard == []  # history is not news
+
+    approvals = ApprovalService(app.proposals, app.gate, app.audit)
+    await approvals.approve(still_open, Operator("bob"))
+    quick = await stage(app)
+    await approvals.reject(quick, Operator("bob"), "staged and decided between two looks")
+    await watcher.poll()
+    assert {(c.proposal_id, c.status, c.subject) for c in heard} == {
+        (still_open, "succeeded", "alice"), (quick, "rejected", "alice")}
+    assert await watcher.poll() == []

@@ -52,17 +52,27 @@ class ProposalWatcher:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    async def _prime(self) -> None:
+        """Start from what exists: the newest id and the open proposals, not the whole history."""
+        newest = await self._proposals.list(limit=1)
+        self._newest = newest[0].id if newest else 0
+        for status in OPEN:
+            for proposal in await self._proposals.list(status=status, limit=100_000):
+                self._open[proposal.id] = proposal.status
+        self._primed = True
+
     async def poll(self) -> list[StatusChange]:
         """One look at the store; returns (and announces) what changed since the last."""
+        if not self._primed:
+            await self._prime()
         changes = []
         while fresh := await self._proposals.list(after_id=self._newest, limit=1000, oldest_first=True):
             for proposal in fresh:
                 self._newest = proposal.id
                 if proposal.status in OPEN:
                     self._open[proposal.id] = proposal.status
-                elif self._primed:  # staged and decided between two looks
+                else:  # staged and decided between two looks
                     changes.append(StatusChange(proposal.id, proposal.status, proposal.proposer_subject))
-        self._primed = True
         if self._open:
             current = await self._proposals.statuses(list(self._open))
             for proposal_id, before in list(self._open.items()):
