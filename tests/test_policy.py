@@ -4,6 +4,7 @@ decisions that name their rule — seen through the server and the CLI."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -100,12 +101,15 @@ async def test_a_broken_policy_file_is_refused_naming_file_key_and_problem(
     assert str(path) in refused.value.message and message in refused.value.message
 
 
-def test_a_broken_policy_file_stops_the_server_and_the_check(staged_env: dict[str, str], config_dir: Path) -> None:
+def test_a_broken_policy_file_stops_the_server_and_the_check(
+    staged_env: dict[str, str], config_dir: Path, mint: Callable[..., str]
+) -> None:
     (config_dir / "policies.toml").write_text("[tools]\nrerun_everything = 'auto'\n")
     check = cli("mcp-knecht", staged_env, "policy", "check")
     assert check.returncode == 2 and "rerun_everything" in check.stderr and "policies.toml" in check.stderr
-    serve = cli("mcp-knecht", {**staged_env, "KNECHT_TOKEN": "x"}, "serve")
-    assert serve.returncode != 0
+    # A valid token, so that only the policy file can be what stops the server.
+    serve = cli("mcp-knecht", {**staged_env, "KNECHT_TOKEN": mint()}, "serve")
+    assert serve.returncode == 2 and "rerun_everything" in serve.stderr and "policies.toml" in serve.stderr
 
 
 async def test_a_broken_reload_keeps_the_last_good_policy_and_says_so(

@@ -197,7 +197,7 @@ class Gate:
         data = raw if isinstance(raw, dict) else {"result": raw}
         text = json.dumps(data, ensure_ascii=False, default=str)
         scrubbed = self._scrub(text)
-        if scrubbed is not text and scrubbed != text:
+        if scrubbed != text:
             data = json.loads(scrubbed)
         return GateResult("ran", scrubbed, data)
 

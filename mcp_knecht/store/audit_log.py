@@ -23,7 +23,7 @@ import anyio
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.errors import StoreError
-from mcp_knecht.store.database import Database, Row, Transaction
+from mcp_knecht.store.database import Database, Row, Transaction, exact_matches
 
 logger = logging.getLogger(__name__)
 
@@ -130,12 +130,9 @@ async def recent_entries(
     source: str | None = None, proposal_id: int | None = None, limit: int = 50,
 ) -> list[Row]:
     """Newest first, filtered by exact matches."""
-    where, params = [], []
-    for column, value in (("tool", tool), ("subject", subject), ("outcome", outcome), ("source", source),
-                          ("proposal_id", proposal_id)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
+    where, params = exact_matches(
+        {"tool": tool, "subject": subject, "outcome": outcome, "source": source, "proposal_id": proposal_id}
+    )
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = await db.fetch_all(f"SELECT * FROM audit_log {clause} ORDER BY id DESC LIMIT ?", (*params, limit))
     for row in rows:

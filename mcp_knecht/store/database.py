@@ -7,12 +7,20 @@ module and in `sql/<dialect>/` migrations, never in callers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 Row = dict[str, Any]
 Params = Sequence[Any]
+
+
+def exact_matches(columns: Mapping[str, object]) -> tuple[list[str], list[object]]:
+    """`column = ?` conditions and their parameters for the values that are not None.
+
+    Column names come from our code, never from callers; values are only parameters."""
+    given = [(column, value) for column, value in columns.items() if value is not None]
+    return [f"{column} = ?" for column, _ in given], [value for _, value in given]
 
 
 class Transaction(Protocol):

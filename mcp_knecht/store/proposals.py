@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 
 from mcp_knecht.core.proposals import NewProposal, Proposal
-from mcp_knecht.store.database import Database
+from mcp_knecht.store.database import Database, exact_matches
 
 _SELECT = "SELECT * FROM proposals"
 
@@ -40,13 +40,8 @@ class SqlProposalRepository:
 
     async def list(self, *, status: str | None = None, subject: str | None = None,
                    limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]:
-        where, params = ["id > ?"], [after_id]
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if subject is not None:
-            where.append("proposer_subject = ?")
-            params.append(subject)
+        where, params = exact_matches({"status": status, "proposer_subject": subject})
+        where, params = ["id > ?", *where], [after_id, *params]
         order = "ASC" if oldest_first else "DESC"
         rows = await self._db.fetch_all(
             f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?", (*params, limit)
