@@ -1,4 +1,4 @@
-"""Composition root: config, store, toolsets, policy, gate — assembled once, used by every
+"""Composition root: settings, store, toolsets, policy, gate — assembled once, used by every
 transport and by the approval CLI."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from mcp_knecht.config import Settings
+from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.policy_file import PolicySource
 from mcp_knecht.core.prompts import Prompt
@@ -17,15 +17,22 @@ from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scopes import ScopeCatalogue, load_scopes
 from mcp_knecht.core.scrub import SecretRegistry
+from mcp_knecht.core.settings import Settings
 from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditLog
-from mcp_knecht.store.notify import decision_notifier
+from mcp_knecht.store.changes import open_change_feed
+from mcp_knecht.store.migrations import apply_migrations
 from mcp_knecht.store.proposals import SqlProposalRepository
 
 FOLLOWUP_TOOLSET = "mcp_knecht.followup:toolset"
+
+SERVER_INSTRUCTIONS = (
+    "mcp-knecht gives you tools over the data of the systems named below. You only see the tools your "
+    "token allows, and every call is audited."
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,13 @@ class App:
     catalogue: ScopeCatalogue
     prompts: tuple[Prompt, ...]
     secrets: SecretRegistry
+    changes: ChangeFeed
     toolsets: tuple[Toolset, ...]
+
+    @property
+    def instructions(self) -> str:
+        """The MCP instructions: what the server is, then what each toolset adds."""
+        return "\n\n".join([SERVER_INSTRUCTIONS, *(t.instructions for t in self.toolsets if t.instructions)])
 
     async def close_toolsets(self) -> None:
         await _close(self.toolsets)
@@ -53,12 +66,16 @@ async def _close(toolsets: Iterable[Toolset]) -> None:
             await toolset.close()
 
 
-async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistry) -> list[Toolset]:
-    context = ToolsetContext(db=db, secrets=secrets, config_dir=settings.config_dir, env=settings.env)
+async def load_toolsets(context: ToolsetContext) -> list[Toolset]:
+    """Build each toolset, create its tables, start it; on any failure release what was opened."""
     loaded: list[Toolset] = []
     try:
-        for spec in (*settings.toolsets, FOLLOWUP_TOOLSET):
+        for spec in (*context.settings.toolsets, FOLLOWUP_TOOLSET):
             loaded.append(await build_toolset(load_factory(spec), context))
+        await apply_migrations(context.store, *(t.migrations for t in loaded if t.migrations is not None))
+        for toolset in loaded:
+            if toolset.start is not None:
+                await toolset.start()
     except BaseException:
         await _close(loaded)
         raise
@@ -66,13 +83,13 @@ async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistr
 
 
 async def assemble(
-    settings: Settings, db: Database, audit: AuditLog, *, extra_tools: Iterable[Tool] = ()
+    settings: Settings, db: Database, audit: AuditLog, changes: ChangeFeed, *, extra_tools: Iterable[Tool] = ()
 ) -> App:
     """Everything but the background tasks; fails closed on any config problem (and then releases
     whatever the toolsets had opened)."""
     catalogue = load_scopes(settings.scopes_dir)
     secrets = SecretRegistry()
-    toolsets = await load_toolsets(settings, db, secrets)
+    toolsets = await load_toolsets(ToolsetContext(store=db, settings=settings, scrubber=secrets, changes=changes))
     try:
         registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
         registry.check_scopes(catalogue.scopes)
@@ -86,27 +103,20 @@ async def assemble(
     proposals = SqlProposalRepository(db)
     stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
-    watcher = _proposal_watcher(proposals, db)
+    # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
+    watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               tuple(toolsets))
-
-
-def _proposal_watcher(proposals: SqlProposalRepository, db: Database) -> ProposalWatcher:
-    """On PostgreSQL a NOTIFY wakes the watcher at once (and it still looks every 5 s); elsewhere
-    it looks twice a second."""
-    if db.dialect != "postgresql":
-        return ProposalWatcher(proposals)
-    notifier = decision_notifier(db)
-    return ProposalWatcher(proposals, interval=5.0, wakeups=lambda: notifier.watching(None))
+               changes, tuple(toolsets))
 
 
 @asynccontextmanager
 async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                    watch_policy: bool = True) -> AsyncIterator[App]:
     db = await open_database(settings.database_url)
+    changes = open_change_feed(db)
     try:
         audit = AuditLog(db)
-        app = await assemble(settings, db, audit, extra_tools=extra_tools)
+        app = await assemble(settings, db, audit, changes, extra_tools=extra_tools)
         failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(audit.run)
@@ -124,4 +134,5 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
         if failure is not None:
             raise failure
     finally:
+        await changes.aclose()
         await db.close()

@@ -28,9 +28,8 @@ from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.toolset import ToolsetContext, build_toolset
-from mcp_knecht.knecht import toolset
+from mcp_knecht.knecht import open_store, toolset
 from mcp_knecht.knecht.demo import fill_demo_data
-from mcp_knecht.store import open_database
 
 CACHE = Path(os.environ.get("KNECHT_BENCH_CACHE", "/tmp/mcp-knecht-bench"))
 TARGET_MS = 50.0
@@ -65,7 +64,7 @@ async def _database(log_mb: int, seed: int) -> Path:
         leftover.unlink(missing_ok=True)
     print(f"building a {log_mb} MB action log into {path} (once) …", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    db = await open_database(f"sqlite:///{partial}")
+    db = await open_store(f"sqlite:///{partial}")
     try:
         await fill_demo_data(db, seed=seed, log_mb=log_mb)
         await db.fetch_all("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -78,7 +77,7 @@ async def _database(log_mb: int, seed: int) -> Path:
 
 async def bench(log_mb: int, seed: int, rounds: int) -> dict[str, Any]:
     path = await _database(log_mb, seed)
-    db = await open_database(f"sqlite:///{path}")
+    db = await open_store(f"sqlite:///{path}")
     try:
         big = await db.fetch_one(
             "SELECT run_id, action_id, MAX(line_no) AS n FROM log_lines WHERE action_id > 0"

@@ -13,8 +13,8 @@ import time
 import anyio
 
 from mcp_knecht.app import open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import NotPendingError
 
 

@@ -12,9 +12,9 @@ from typing import Any
 from mcp import Client
 
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.store import open_database
 from mcp_knecht.transports.mcp_server import server_for_app
 from tests.conftest import REPO

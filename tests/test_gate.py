@@ -36,7 +36,7 @@ async def count(args: CountIn, ctx: ToolContext) -> dict[str, object]:
         raise NotFoundError("Thirteen does not exist.")
     if args.n == 42:
         raise RuntimeError("/secret/path/db.sqlite: disk I/O error")
-    return {"n": args.n, "by": ctx.actor.subject, "source": ctx.source}
+    return {"n": args.n, "by": ctx.actor.subject, "source": str(ctx.source)}
 
 
 async def setting(args: SetIn, ctx: ToolContext) -> dict[str, object]:
@@ -45,8 +45,10 @@ async def setting(args: SetIn, ctx: ToolContext) -> dict[str, object]:
 
 
 TOOLS = [
-    Tool("count", "Count.", "things:read", CountIn, count),
-    Tool("setting", "Get or set.", "things:write", SetIn, setting, action_effects={"get": "read", "set": "write"}),
+    Tool(name="count", description="Count.", scope="things:read",
+         input_model=CountIn, handler=count),
+    Tool(name="setting", description="Get or set.", scope="things:write",
+         input_model=SetIn, handler=setting, action_effects={"get": "read", "set": "write"}),
 ]
 ALL = frozenset({"things:read", "things:write"})
 
@@ -213,7 +215,8 @@ def test_annotations_follow_the_effects() -> None:
 
 
 async def test_an_action_can_need_a_scope_beyond_the_tools_own(tmp_path: Path) -> None:
-    guarded = Tool("guarded", "Get or set.", "things:read", SetIn, setting,
+    guarded = Tool(name="guarded", description="Get or set.", scope="things:read",
+         input_model=SetIn, handler=setting,
                    action_effects={"get": "read", "set": "write"}, action_scopes={"set": "things:admin"})
     db = await open_database(f"sqlite:///{tmp_path / 'g.db'}")
     audit = AuditLog(db)
@@ -241,7 +244,8 @@ async def test_a_crash_while_staging_is_an_internal_error_that_leaks_nothing(tmp
     async def broken_preview(args: CountIn, ctx: ToolContext) -> dict[str, object]:
         raise RuntimeError("/srv/secret/path: connection refused")
 
-    fragile = Tool("fragile", "Write.", "things:write", CountIn, count, effect="write", preview=broken_preview)
+    fragile = Tool(name="fragile", description="Write.", scope="things:write",
+         input_model=CountIn, handler=count, effect="write", preview=broken_preview)
     db = await open_database(f"sqlite:///{tmp_path / 's.db'}")
     audit = AuditLog(db)
     gate = Gate(Registry([fragile]), audit, stager=ProposalStager(SqlProposalRepository(db)))

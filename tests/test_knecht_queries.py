@@ -10,18 +10,18 @@ import pytest
 from pydantic import ValidationError
 
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.tools import Tool, ToolContext
+from mcp_knecht.core.database import Database
+from mcp_knecht.core.tools import MCP, Tool, ToolContext
 from mcp_knecht.errors import NotFoundError
+from mcp_knecht.knecht import open_store
 from mcp_knecht.knecht.demo import DemoSummary, fill_demo_data
 from mcp_knecht.knecht.tools import knecht_tools
-from mcp_knecht.store import open_database
-from mcp_knecht.store.database import Database
 
 pytestmark = pytest.mark.anyio
 
 CTX = ToolContext(
     actor=Actor(subject="alice", client="pytest", scopes=frozenset({"projects:read", "runs:read"})),
-    source="mcp",
+    source=MCP,
 )
 
 
@@ -32,7 +32,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def demo(tmp_path: Path) -> AsyncIterator[tuple[Database, DemoSummary]]:
-    db = await open_database(f"sqlite:///{tmp_path / 'knecht.db'}")
+    db = await open_store(f"sqlite:///{tmp_path / 'knecht.db'}")
     try:
         summary = await fill_demo_data(db)
         yield db, summary

@@ -102,7 +102,7 @@ async def test_the_watcher_announces_changes_after_its_start_not_history(app: Ap
     async def listen(change: StatusChange) -> None:
         heard.append(change)
 
-    watcher = ProposalWatcher(app.proposals)
+    watcher = ProposalWatcher(app.proposals, app.changes)
     watcher.subscribe(listen)
     assert await watcher.poll() == [] and heard == []  # history is not news
 

@@ -17,9 +17,10 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_knecht.app import open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, mint_token
+from mcp_knecht.core.settings import load_settings
+from mcp_knecht.knecht import open_store
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import open_database
 from tests.conftest import REPO, server_env
@@ -34,7 +35,7 @@ APPROVERS = 8
 
 
 async def _prepare(url: str) -> None:
-    db = await open_database(url)
+    db = await open_store(url)
     try:
         await fill_demo_data(db, runs=100)
         async with db.transaction() as tx:

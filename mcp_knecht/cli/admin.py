@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -15,7 +15,7 @@ def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-d
     import anyio
 
     from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
 
     settings = load_settings(db=args.db, config=args.config)
 
@@ -69,7 +69,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 
 async def _audit(args: argparse.Namespace) -> int:
     from mcp_knecht.cli.render import table
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
     from mcp_knecht.store import open_database
     from mcp_knecht.store.audit_log import recent_entries, verify_chain
 

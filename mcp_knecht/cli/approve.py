@@ -16,9 +16,10 @@ from typing import Any
 
 import anyio
 
-from mcp_knecht.errors import ConfigError, DecisionError, KnechtError
+from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, report, say
+from mcp_knecht.errors import KnechtError, UsageError
 
-EXIT_OK, EXIT_NOT_PENDING, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_PENDING = EXIT_FAILED
 
 _EPILOG = """\
 examples:
@@ -36,13 +37,9 @@ yours to approve, 2 usage error
 """
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 async def _with_app(args: argparse.Namespace, body: Callable[[Any], Awaitable[int]]) -> int:
     from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
 
     settings = load_settings(db=args.db, config=args.config)
     async with open_app(settings, watch_policy=False) as app:
@@ -54,33 +51,29 @@ def _operator(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     name = (args.operator or "").strip()
     if not name:
-        raise ConfigError("--as needs a name.")
+        raise UsageError("--as needs a name.")
     return Operator(name=name)
 
 
 async def _list(args: argparse.Namespace, app: Any) -> int:
     from mcp_knecht.cli.render import PROPOSAL_HEADERS, proposal_json, proposal_row, table
-    from mcp_knecht.core.proposals import timestamp
 
-    await app.proposals.expire_overdue(timestamp())
     found = await app.proposals.list(status=args.status, limit=args.limit)
     if args.json:
         print(json.dumps([proposal_json(p) for p in found], indent=2, ensure_ascii=False))
     elif found:
         print(table(PROPOSAL_HEADERS, [proposal_row(p) for p in found]))
     else:
-        _say(f"No {args.status or ''} proposals.".replace("  ", " "))
+        say(f"No {args.status or ''} proposals.".replace("  ", " "))
     return EXIT_OK
 
 
 async def _show(args: argparse.Namespace, app: Any) -> int:
     from mcp_knecht.cli.render import proposal_details, proposal_json
-    from mcp_knecht.core.proposals import timestamp
 
-    await app.proposals.expire_overdue(timestamp())
     proposal = await app.proposals.get(args.id)
     if proposal is None:
-        _say(f"knecht-approve: proposal #{args.id} does not exist.")
+        say(f"knecht-approve: proposal #{args.id} does not exist.")
         return EXIT_NOT_PENDING
     print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False) if args.json
           else proposal_details(proposal))
@@ -123,16 +116,14 @@ async def _settle(args: argparse.Namespace, app: Any) -> int:
 
 async def _watch(args: argparse.Namespace, app: Any) -> int:
     from mcp_knecht.cli.render import proposal_json, proposal_row
-    from mcp_knecht.core.proposals import timestamp
 
     last_seen = 0
     if not args.all:
         newest = await app.proposals.list(limit=1)
         last_seen = newest[0].id if newest else 0
-    _say(f"Watching for new pending proposals (Ctrl-C to stop){'' if args.all else f' after #{last_seen}'}…")
+    say(f"Watching for new pending proposals (Ctrl-C to stop){'' if args.all else f' after #{last_seen}'}…")
     with anyio.move_on_after(args.timeout):
         while True:
-            await app.proposals.expire_overdue(timestamp())
             fresh = await app.proposals.list(status="pending", after_id=last_seen, limit=100)
             for proposal in sorted(fresh, key=lambda p: p.id):
                 if args.json:
@@ -207,12 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return anyio.run(_with_app, args, lambda app: args.run(args, app))
-    except DecisionError as exc:
-        _say(f"knecht-approve: {exc.message}")
-        return EXIT_NOT_PENDING
     except KnechtError as exc:
-        _say(f"knecht-approve: {exc.message}")
-        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_NOT_PENDING
+        return report("knecht-approve", exc)
     except KeyboardInterrupt:
         return 130
 

@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry, DurableAuditSink
 from mcp_knecht.core.canonical import sha256_hex
 from mcp_knecht.core.gate import Gate
-from mcp_knecht.core.proposals import Proposal, ProposalRepository, timestamp
+from mcp_knecht.core.proposals import Proposal, ProposalRepository
+from mcp_knecht.core.tools import APPROVAL
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
-    ConfigError,
     DecisionError,
     HashMismatchError,
     InvalidArgumentsError,
     NotPendingError,
     SelfApprovalError,
+    UsageError,
 )
 
 MIN_EXPECTED_HASH = 8
@@ -49,7 +51,6 @@ class ApprovalService:
         self._audit = audit
 
     async def _current(self, proposal_id: int) -> Proposal:
-        await self._proposals.expire_overdue(timestamp())
         proposal = await self._proposals.get(proposal_id)
         if proposal is None:
             raise NotPendingError(f"Proposal #{proposal_id} does not exist.")
@@ -81,13 +82,13 @@ class ApprovalService:
         if expect_hash is not None:
             expected = expect_hash.strip().lower()
             if len(expected) < MIN_EXPECTED_HASH:
-                raise ConfigError(f"--expect-hash needs at least {MIN_EXPECTED_HASH} hex digits of the hash.")
+                raise UsageError(f"--expect-hash needs at least {MIN_EXPECTED_HASH} hex digits of the hash.")
             if not proposal.arguments_hash.startswith(expected):
                 raise HashMismatchError(
                     f"Proposal #{proposal_id} has hash {proposal.arguments_hash[:16]}…, not {expected}…; "
                     "look at it again with `knecht-approve show`."
                 )
-        if not await self._proposals.claim(proposal_id, operator.name, timestamp()):
+        if not await self._proposals.claim(proposal_id, operator.name, clock.timestamp()):
             raise self._not_pending(await self._current(proposal_id))
         self._record(operator, proposal, "approved")
         await self._audit.flush()  # the decision is on record before anything runs
@@ -95,9 +96,9 @@ class ApprovalService:
 
     async def reject(self, proposal_id: int, operator: Operator, reason: str) -> Proposal:
         if not reason.strip():
-            raise ConfigError("A rejection needs a reason (--reason TEXT): the agent learns from it.")
+            raise UsageError("A rejection needs a reason (--reason TEXT): the agent learns from it.")
         proposal = await self._current(proposal_id)
-        if not await self._proposals.reject(proposal_id, operator.name, reason.strip(), timestamp()):
+        if not await self._proposals.reject(proposal_id, operator.name, reason.strip(), clock.timestamp()):
             raise self._not_pending(await self._current(proposal_id))
         self._record(operator, proposal, "rejected", reason=reason.strip())
         await self._audit.flush()
@@ -107,22 +108,22 @@ class ApprovalService:
                      force: bool = False) -> Proposal:
         """Record the outcome of an execution whose approver stopped ("outcome unknown")."""
         if not note.strip():
-            raise ConfigError("Settling needs --reason: say what you checked.")
+            raise UsageError("Settling needs --reason: say what you checked.")
         proposal = await self._current(proposal_id)
         if proposal.status != "executing":
             raise DecisionError(
                 f"Proposal #{proposal_id} is {proposal.shown_status}; only an execution whose outcome is unknown "
                 "can be settled."
             )
-        started = datetime.fromisoformat((proposal.started_at or proposal.created_at).replace("Z", "+00:00"))
-        if not force and datetime.now(UTC) - started < SETTLE_AFTER:
+        started = clock.parse(proposal.started_at or proposal.created_at)
+        if not force and clock.now() - started < SETTLE_AFTER:
             raise DecisionError(
                 f"Proposal #{proposal_id} started executing at {proposal.started_at}; its approver may still be "
                 "running. Check the effect, then settle it with --force (or wait)."
             )
         settled = {"settled_by": operator.name, "note": note.strip()}
         if not await self._proposals.finish(
-            proposal_id, succeeded=succeeded, now=timestamp(),
+            proposal_id, succeeded=succeeded, now=clock.timestamp(),
             result_json=json.dumps(settled, ensure_ascii=False) if succeeded else None,
             error=None if succeeded else f"Settled as failed by {operator.name}: {note.strip()}",
         ):
@@ -133,12 +134,12 @@ class ApprovalService:
         return await self._current(proposal_id)
 
     async def _execute(self, proposal_id: int, operator: Operator) -> Proposal:
-        if not await self._proposals.start_execution(proposal_id, timestamp()):
+        if not await self._proposals.start_execution(proposal_id, clock.timestamp()):
             raise self._not_pending(await self._current(proposal_id))
         proposal = await self._current(proposal_id)
         succeeded, result_json, error = await self._run(proposal)
         await self._proposals.finish(
-            proposal_id, succeeded=succeeded, result_json=result_json, error=error, now=timestamp()
+            proposal_id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp()
         )
         self._record(operator, proposal, "executed" if succeeded else "execution_failed",
                      **({"error": error} if error else {}))
@@ -159,6 +160,6 @@ class ApprovalService:
             arguments = validate_arguments(tool.name, tool.input_model, proposal.arguments)
         except InvalidArgumentsError as exc:
             return False, None, exc.message
-        result = await self._gate.execute(proposal.proposer, tool, arguments, source="approval")
+        result = await self._gate.execute(proposal.proposer, tool, arguments, source=APPROVAL)
         result_json = json.dumps(result.data, ensure_ascii=False) if result.data is not None else None
         return (not result.is_error), result_json, (result.text if result.is_error else None)

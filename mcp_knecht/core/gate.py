@@ -4,8 +4,9 @@
       1. look up      unknown, or outside the actor's scopes → the same "unknown tool"
       2. validate     against the input model → an error naming each bad field; nothing runs
       3. decide       policy for Tool.Action → Tool → default
-      4. act          deny → refused; approve → staged as a proposal; auto → run
-      5. audit        every outcome, with the rule that decided it
+      4. freeze       fill in what the call depends on (a commit SHA, a base version, a role)
+      5. act          deny → refused; approve → staged as a proposal; auto → run
+      6. audit        every outcome, with the rule that decided it
 
 MCP calls, execution of approved proposals and in-server features all come through here.
 """
@@ -27,9 +28,10 @@ from mcp_knecht.core.audit import AuditEntry, AuditSink, Outcome
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.core.policy import Decision, Policy
 from mcp_knecht.core.registry import Registry
-from mcp_knecht.core.tools import Tool, ToolContext
+from mcp_knecht.core.tools import MCP, Source, Tool, ToolContext
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
+    ConflictError,
     InvalidArgumentsError,
     MissingScopeError,
     PolicyDeniedError,
@@ -62,6 +64,7 @@ class FrozenCall:
     arguments_json: str
     arguments_hash: str
     decision: Decision
+    source: Source = MCP
 
 
 class Stager(Protocol):
@@ -115,7 +118,7 @@ class Gate:
         return self._policy()
 
     async def call_tool(
-        self, actor: Actor, name: str, arguments: object, *, source: str = "mcp"
+        self, actor: Actor, name: str, arguments: object, *, source: Source = MCP
     ) -> GateResult:
         started = time.perf_counter()
         tool = self._look_up(actor, name)
@@ -133,14 +136,21 @@ class Gate:
         if decision.mode == "deny":
             denied = PolicyDeniedError(f"{tool.name}{'.' + action if action else ''} is denied by policy.")
             return self._finish(actor, source, started, _error("denied", denied), name, action, decision)
+        frozen = await self._freeze(actor, tool, validated, source)
+        if isinstance(frozen, GateResult):
+            return self._finish(actor, source, started, frozen, name, action, decision)
         if decision.mode == "approve":
-            result, call = await self._stage(actor, tool, action, validated, decision)
+            result, call = await self._stage(actor, tool, action, frozen, decision, source)
             return self._finish(actor, source, started, result, name, action, decision, call=call)
-        result = await self.execute(actor, tool, validated, source=source)
-        return self._finish(actor, source, started, result, name, action, decision, validated=validated)
+        result = await self.execute(actor, tool, frozen, source=source)
+        return self._finish(actor, source, started, result, name, action, decision, validated=frozen)
 
-    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: str) -> GateResult:
-        """Run a validated call. Shared by the gate and the executor of approved proposals."""
+    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source) -> GateResult:
+        """Run a validated, frozen call. Shared by the gate and the executor of approved proposals."""
+        if source.executes_proposal and (missing := tool.unfrozen(arguments)):
+            return self._tool_error("failed", ConflictError(
+                f"This proposal carries no {', '.join(missing)}: it was staged without being frozen, so what "
+                "would run is not what was approved. Propose it again."))
         try:
             raw = await tool.handler(arguments, ToolContext(actor=actor, source=source))
         except ToolError as exc:
@@ -158,24 +168,29 @@ class Gate:
     def _forbidden(self, name: str) -> GateResult:
         return _error("forbidden", UnknownToolError(str(name)[:_MAX_AUDITED_NAME]))
 
+    async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
+        """The arguments with everything decided now filled in (`Tool.freeze`), validated again."""
+        if tool.freeze is None:
+            return validated
+        try:
+            frozen = await tool.freeze(validated, ToolContext(actor=actor, source=source))
+            return validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
+        except ToolError as exc:
+            return self._tool_error("failed", exc)
+        except Exception:
+            return _internal_error(tool.name, "preparing")
+
     async def _stage(
-        self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision
+        self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision,
+        source: Source,
     ) -> tuple[GateResult, FrozenCall | None]:
         if self._stager is None:
             refused = PolicyDeniedError(
                 f"{tool.name} needs approval, but this server has no proposal store configured."
             )
             return _error("denied", refused), None
-        try:
-            if tool.freeze is not None:
-                frozen = await tool.freeze(validated, ToolContext(actor=actor, source="mcp"))
-                validated = validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
-        except ToolError as exc:
-            return self._tool_error("failed", exc), None
-        except Exception:
-            return _internal_error(tool.name, "preparing the proposal for"), None
         arguments_json = canonical_json(validated.model_dump(mode="json"))
-        call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision)
+        call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision, source)
         try:
             proposal = await self._stager.stage(call, actor)
         except ToolError as exc:
@@ -209,7 +224,7 @@ class Gate:
     def _finish(
         self,
         actor: Actor,
-        source: str,
+        source: Source,
         started: float,
         result: GateResult,
         name: str,
@@ -231,7 +246,7 @@ class Gate:
             arguments_hash = sha256_hex(canonical_json(validated.model_dump(mode="json")))
         self._audit.record(
             AuditEntry(
-                source=source,
+                source=str(source),
                 subject=actor.subject,
                 client=actor.client,
                 tool=str(name)[:_MAX_AUDITED_NAME],

@@ -1,11 +1,15 @@
-"""Proposals: frozen calls, and the repository interface the store implements for them."""
+"""Proposals: frozen calls, and the repository interface the store implements for them.
+
+A proposal's status as every reader sees it is *effective*: a pending proposal whose expiry has
+passed reads as `expired` on every path (get, list, statuses), whether or not a sweep has written
+that yet. The repository (`mcp_knecht.store.proposals`) is the one place rows become proposals.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from mcp_knecht.core.actor import Actor
@@ -13,12 +17,6 @@ from mcp_knecht.core.actor import Actor
 Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"]
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
-DEFAULT_TTL = timedelta(hours=24)
-
-
-def timestamp(moment: datetime | None = None) -> str:
-    """One fixed ISO format, so that timestamps compare correctly as text on every backend."""
-    return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -45,21 +43,6 @@ class Proposal:
     error: str | None = None
     arguments_shown: str | None = None
     """The arguments with secrets masked: what people see. `arguments_json` is what runs."""
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Proposal:
-        return cls(
-            id=row["id"], tool=row["tool"], action=row["action"],
-            arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
-            proposer_subject=row["proposer_subject"], proposer_client=row["proposer_client"],
-            proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
-            preview=json.loads(row["preview_json"]) if row["preview_json"] else None,
-            status=row["status"], created_at=row["created_at"], expires_at=row["expires_at"],
-            decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
-            started_at=row["started_at"], finished_at=row["finished_at"],
-            result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
-            arguments_shown=row.get("arguments_shown"),
-        )
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -108,13 +91,16 @@ class NewProposal:
 
 
 class ProposalRepository(Protocol):
-    """Persistence of proposals. Every transition is one conditional, atomic update."""
+    """Persistence of proposals. Every transition is one conditional, atomic update; every read
+    shows the effective status (an overdue pending proposal reads as `expired`)."""
 
     async def create(self, proposal: NewProposal) -> int: ...
     async def get(self, proposal_id: int) -> Proposal | None: ...
     async def list(self, *, status: str | None = None, subject: str | None = None,
                    limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]: ...
-    async def expire_overdue(self, now: str) -> int: ...
+    async def expire_overdue(self, now: str) -> list[Proposal]:
+        """Write `expired` on every overdue pending proposal; return those it changed."""
+        ...
     async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
         """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
         ...

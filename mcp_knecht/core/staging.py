@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import FrozenCall
-from mcp_knecht.core.proposals import DEFAULT_TTL, NewProposal, ProposalRepository, timestamp
+from mcp_knecht.core.proposals import NewProposal, ProposalRepository
+from mcp_knecht.core.settings import DEFAULT_PROPOSAL_TTL
 from mcp_knecht.core.tools import ToolContext
 
 
@@ -18,7 +20,7 @@ class ProposalStager:
         self,
         proposals: ProposalRepository,
         *,
-        ttl: timedelta = DEFAULT_TTL,
+        ttl: timedelta = DEFAULT_PROPOSAL_TTL,
         scrub: Callable[[str], str] = lambda text: text,
     ) -> None:
         self._proposals = proposals
@@ -28,15 +30,15 @@ class ProposalStager:
     async def _preview(self, call: FrozenCall, actor: Actor) -> dict[str, Any] | None:
         if call.tool.preview is None:
             return None
-        preview = await call.tool.preview(call.arguments, ToolContext(actor=actor, source="mcp"))
+        preview = await call.tool.preview(call.arguments, ToolContext(actor=actor, source=call.source))
         if preview is None:
             return None
         return json.loads(self._scrub(json.dumps(preview, ensure_ascii=False, default=str)))  # type: ignore[no-any-return]
 
     async def stage(self, call: FrozenCall, actor: Actor) -> dict[str, Any]:
         preview = await self._preview(call, actor)
-        now = datetime.now(UTC)
-        expires = timestamp(now + self._ttl)
+        now = clock.now()
+        expires = clock.timestamp(now + self._ttl)
         proposal_id = await self._proposals.create(
             NewProposal(
                 tool=call.tool.name,
@@ -47,7 +49,7 @@ class ProposalStager:
                 proposer=actor,
                 rule=call.decision.rule,
                 preview=preview,
-                created_at=timestamp(now),
+                created_at=clock.timestamp(now),
                 expires_at=expires,
             )
         )

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_knecht.core.database import Database, Row
 from mcp_knecht.core.scrub import Scrubber
 from mcp_knecht.errors import InvalidArgumentsError, NotFoundError
-from mcp_knecht.store.database import Database, Row
 
 MAX_OUTPUT_CHARS = 24_000
 """About 6,000 tokens of log text per call: enough to see a failure, small enough for any context."""

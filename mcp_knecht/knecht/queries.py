@@ -6,11 +6,11 @@ Values reach SQL only as `?` parameters; optional filters pick from fixed WHERE 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
+from mcp_knecht.core import clock
+from mcp_knecht.core.database import Database, Row
 from mcp_knecht.errors import NotFoundError
-from mcp_knecht.store.database import Database, Row
 
 RECENT_RUNS = 5
 
@@ -26,9 +26,7 @@ def duration_seconds(started_at: str | None, finished_at: str | None) -> int | N
     """Whole seconds between two stored ISO timestamps (computed here: date math is not portable SQL)."""
     if not started_at or not finished_at:
         return None
-    start = datetime.fromisoformat(started_at)
-    end = datetime.fromisoformat(finished_at)
-    return int((end - start).total_seconds())
+    return int((clock.parse(finished_at) - clock.parse(started_at)).total_seconds())
 
 
 def _run_summary(row: Row) -> dict[str, Any]:

@@ -7,18 +7,14 @@ finished between proposal and execution is refused rather than overwritten.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
+from mcp_knecht.core import clock
+from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.errors import ConflictError, NotFoundError
 from mcp_knecht.knecht.workflows import action_names
-from mcp_knecht.store.database import Database, Row, Transaction
 
 ACTIVE = ("queued", "running")
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def run_row(db: Database | Transaction, run_id: int) -> Row:
@@ -62,7 +58,7 @@ async def queue_run(
     note: str = "",
 ) -> dict[str, Any]:
     """Insert a queued run of the workflow's current version, with its actions pending."""
-    now = _now()
+    now = clock.timestamp()
     async with db.transaction() as tx:
         workflow = await tx.fetch_one(
             "SELECT w.id, w.project_id, w.name, w.current_version, v.definition FROM workflows w"
@@ -103,7 +99,7 @@ async def queue_run(
 
 
 async def cancel_run(db: Database, run_id: int, actor: str, reason: str) -> dict[str, Any]:
-    now = _now()
+    now = clock.timestamp()
     async with db.transaction() as tx:
         row = await run_row(tx, run_id)
         changed = await tx.execute(

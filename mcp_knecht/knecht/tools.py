@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.core.tools import Tool, ToolContext
 from mcp_knecht.knecht import logs, queries, workflows
 from mcp_knecht.knecht.inputs import (
@@ -19,7 +20,6 @@ from mcp_knecht.knecht.inputs import (
     ListRunsInput,
     ListWorkflowsInput,
 )
-from mcp_knecht.store.database import Database
 
 LIST_PROJECTS = """\
 List every Knecht CI project: id, slug, name, description, repository URL, default branch, the number \

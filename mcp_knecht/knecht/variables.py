@@ -3,11 +3,11 @@ get, not in a preview, not in the result of a set. Its values feed the scrubber 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
+from mcp_knecht.core import clock
+from mcp_knecht.core.database import Database, Row
 from mcp_knecht.errors import ConflictError, NotFoundError
-from mcp_knecht.store.database import Database, Row
 
 HIDDEN = "(secret: the value is never shown)"
 
@@ -67,7 +67,7 @@ def check_secrecy(existing: Row | None, secret: bool | None) -> bool:
 async def set_variable(
     db: Database, project_id: int, name: str, value: str, secret: bool | None, actor: str
 ) -> dict[str, Any]:
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = clock.timestamp()
     async with db.transaction() as tx:
         existing = await tx.fetch_one(
             "SELECT * FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)

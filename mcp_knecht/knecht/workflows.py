@@ -5,12 +5,12 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from datetime import UTC, datetime
 from typing import Any
 
+from mcp_knecht.core import clock
+from mcp_knecht.core.database import Database, Row
 from mcp_knecht.errors import ConflictError, InvalidArgumentsError, NotFoundError
 from mcp_knecht.knecht.queries import find_project
-from mcp_knecht.store.database import Database, Row
 
 _ACTION_NAME = re.compile(r"^\s*-\s*name:\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
 
@@ -185,7 +185,7 @@ async def update_workflow(
     actor: str,
 ) -> dict[str, Any]:
     """Store version base+1, only if the workflow is still at `base_version` (no lost update)."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = clock.timestamp()
     async with db.transaction() as tx:
         row = await tx.fetch_one("SELECT * FROM workflows WHERE id = ?", (workflow_id,))
         if row is None:

@@ -5,18 +5,17 @@
     preview  at proposal time: the current state of what the call would change, for the approver
     handler  at execution (after approval): do it, re-checking the state it depends on
 
-A handler that runs without a proposal (policy `auto`) freezes its own arguments first; one that
-runs from a proposal (`ctx.source == "approval"`) refuses arguments that were never frozen.
+The gate applies `freeze` before a call is staged and before it runs at once (policy `auto`), and
+refuses to execute an approved proposal whose `frozen_fields` are empty: a handler always gets
+frozen arguments.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
-
+from mcp_knecht.core.database import Database
 from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.tools import Tool, ToolContext
 from mcp_knecht.errors import ConflictError, InvalidArgumentsError
@@ -29,9 +28,6 @@ from mcp_knecht.knecht.inputs import (
     UpdateWorkflowInput,
 )
 from mcp_knecht.knecht.queries import find_project
-from mcp_knecht.store.database import Database
-
-M = TypeVar("M", bound=BaseModel)
 
 RERUN_RUN = """\
 Propose to run a finished run again (same workflow, branch and inputs), as a new run with trigger \
@@ -67,9 +63,6 @@ variable; 'set': create or change one (needs `name` and `value`; `secret` true f
 'delete': remove one. 'set' and 'delete' need scope variables:write and are staged for approval. A \
 secret's value is never returned by any tool, preview or result, not even to whoever set it."""
 
-Refresh = Callable[[], Awaitable[None]]
-
-
 def _missing(tool: str, field: str, why: str) -> InvalidArgumentsError:
     return InvalidArgumentsError(tool, [{"field": field, "problem": why}])
 
@@ -80,16 +73,6 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
     async def refresh_secrets() -> None:
         if secrets is not None:
             secrets.update(await variables.secret_values(db))
-
-    async def frozen(args: M, ctx: ToolContext, field: str, freeze: Callable[[M, ToolContext], Awaitable[M]]) -> M:
-        if getattr(args, field) is not None:
-            return args
-        if ctx.source == "approval":
-            raise ConflictError(
-                f"This proposal carries no {field}: it was staged without being frozen, so what would run is "
-                "not what was approved. Propose it again."
-            )
-        return await freeze(args, ctx)
 
     # --- rerun_run ---------------------------------------------------------------------------------
 
@@ -117,7 +100,6 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
                 "will_run": {"branch": run["branch"], "commit_sha": args.commit_sha, "ref": args.ref}}
 
     async def rerun(args: RerunRunInput, ctx: ToolContext) -> dict[str, Any]:
-        args = await frozen(args, ctx, "commit_sha", rerun_freeze)
         assert args.commit_sha is not None
         run = await runs.run_row(db, args.run_id)
         if run["status"] in runs.ACTIVE:
@@ -164,7 +146,6 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
                 "branch": args.branch, "commit_sha": args.commit_sha, "inputs": dict(args.inputs)}
 
     async def dispatch(args: DispatchWorkflowInput, ctx: ToolContext) -> dict[str, Any]:
-        args = await frozen(args, ctx, "commit_sha", dispatch_freeze)
         assert args.commit_sha is not None
         workflow, _, inputs = await dispatch_resolve(args)  # the declaration may have changed since
         new = await runs.queue_run(
@@ -198,7 +179,6 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
         return preview
 
     async def update(args: UpdateWorkflowInput, ctx: ToolContext) -> dict[str, Any]:
-        args = await frozen(args, ctx, "base_version", update_freeze)
         assert args.base_version is not None
         workflow = await workflows.find_workflow(db, args.workflow, args.project)
         inputs = {name: spec.model_dump() for name, spec in args.inputs.items()} if args.inputs is not None else None
@@ -215,6 +195,8 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
         return args.name
 
     async def variable_freeze(args: ProjectVariableInput, ctx: ToolContext) -> ProjectVariableInput:
+        if args.action in ("list", "get"):
+            return args  # reads depend on nothing that could change before they run
         name = need_name(args)
         project = await find_project(db, args.project)
         existing = await variables.get_variable(db, project["id"], name)
@@ -260,15 +242,15 @@ def knecht_write_tools(db: Database, *, secrets: SecretRegistry | None = None) -
     return [
         Tool(name="rerun_run", description=RERUN_RUN, scope="runs:write", input_model=RerunRunInput,
              handler=rerun, effect="write", preview=rerun_preview, freeze=rerun_freeze,
-             title="Re-run a run"),
+             frozen_fields=("commit_sha",), title="Re-run a run"),
         Tool(name="cancel_run", description=CANCEL_RUN, scope="runs:write", input_model=CancelRunInput,
              handler=cancel, effect="write", preview=cancel_preview, title="Cancel a run"),
         Tool(name="dispatch_workflow", description=DISPATCH_WORKFLOW, scope="workflows:write",
              input_model=DispatchWorkflowInput, handler=dispatch, effect="write", preview=dispatch_preview,
-             freeze=dispatch_freeze, title="Start a workflow"),
+             freeze=dispatch_freeze, frozen_fields=("commit_sha",), title="Start a workflow"),
         Tool(name="update_workflow", description=UPDATE_WORKFLOW, scope="workflows:write",
              input_model=UpdateWorkflowInput, handler=update, effect="write", preview=update_preview,
-             freeze=update_freeze, title="Change a workflow definition"),
+             freeze=update_freeze, frozen_fields=("base_version",), title="Change a workflow definition"),
         Tool(name="project_variable", description=PROJECT_VARIABLE, scope="variables:read",
              input_model=ProjectVariableInput, handler=variable,
              action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},

@@ -22,8 +22,8 @@ import anyio
 
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
+from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.errors import StoreError
-from mcp_knecht.store.database import Database, Row, Transaction, exact_matches
 
 logger = logging.getLogger(__name__)
 
