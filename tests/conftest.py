@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from mcp_knecht import testing
 from mcp_knecht.app import App, open_app
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, TokenVerifier, mint_token
 from mcp_knecht.core.settings import Settings, load_settings
-from mcp_knecht.transports.mcp_server import server_for_app
 
 pytest_plugins = ["tests.pg"]  # `database_url`: each test that takes it runs on SQLite and PostgreSQL
 
@@ -120,9 +120,7 @@ def connect(app: App, actor_for: Callable[..., Actor], protocol_mode: str):  # t
 
     @asynccontextmanager
     async def _connect(subject: str = "alice", scopes: Iterable[str] = READONLY) -> AsyncIterator[Client]:
-        actor = actor_for(subject, scopes)
-        server = server_for_app(app, lambda ctx: actor)
-        async with Client(server, mode=protocol_mode) as client:
+        async with testing.connect(app, actor_for(subject, scopes), mode=protocol_mode) as client:
             yield client
 
     return _connect

@@ -7,6 +7,7 @@ that yet. The repository (`mcp_knecht.store.proposals`) is the one place rows be
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ class Proposal:
 
     @property
     def shown_arguments(self) -> dict[str, Any]:
-        return json.loads(self.arguments_shown) if self.arguments_shown else self.arguments  # type: ignore[no-any-return]
+        shown: dict[str, Any] = json.loads(self.arguments_shown) if self.arguments_shown else self.arguments
+        return shown
 
     @property
     def proposer(self) -> Actor:
@@ -97,8 +99,8 @@ class ProposalRepository(Protocol):
     async def create(self, proposal: NewProposal) -> int: ...
     async def get(self, proposal_id: int) -> Proposal | None: ...
     async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]: ...
-    async def expire_overdue(self, now: str) -> list[Proposal]:
+                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> builtins.list[Proposal]: ...
+    async def expire_overdue(self, now: str) -> builtins.list[Proposal]:
         """Write `expired` on every overdue pending proposal; return those it changed."""
         ...
     async def claim(self, proposal_id: int, operator: str, now: str) -> bool:

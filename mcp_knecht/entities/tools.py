@@ -154,7 +154,8 @@ class EntityTools:
             if args.row_version is not None and args.row_version != version:
                 raise ConflictError(f"{self.entity.name} {args.id} changed since you read it; read it again.")
             update["row_version"] = version
-        return args.model_copy(update=update)
+        frozen: BaseModel = args.model_copy(update=update)
+        return frozen
 
     async def preview(self, args: Any, ctx: ToolContext) -> dict[str, Any]:
         granted = self._access(args)
@@ -222,21 +223,20 @@ class EntityTools:
         made = [Tool(name=f"query_{e.name}", description=models.query_description(e), scope=e.read_scope,
                      input_model=models.query_model(e), handler=self.query, title=f"Query {e.name}",
                      freeze=partial(self.freeze, "query"), frozen_fields=("as_role",))]
-        staged = {"effect": "write", "preview": self.preview, "scope": e.write_scope}
         if e.persist:
             made += [
-                Tool(name=f"create_{e.name}", description=models.create_description(e),
-                     input_model=models.create_model_for(e), handler=self.create,
-                     title=f"Create a {e.name} record", freeze=partial(self.freeze, "create"),
-                     frozen_fields=("as_role",), **staged),
-                Tool(name=f"update_{e.name}", description=models.update_description(e),
-                     input_model=models.update_model(e, self.table), handler=self.update,
-                     title=f"Update a {e.name} record", freeze=partial(self.freeze, "update"),
-                     frozen_fields=("as_role", "row_version"), **staged),
+                Tool(name=f"create_{e.name}", description=models.create_description(e), scope=e.write_scope,
+                     input_model=models.create_model_for(e), handler=self.create, effect="write",
+                     title=f"Create a {e.name} record", preview=self.preview, freeze=partial(self.freeze, "create"),
+                     frozen_fields=("as_role",)),
+                Tool(name=f"update_{e.name}", description=models.update_description(e), scope=e.write_scope,
+                     input_model=models.update_model(e, self.table), handler=self.update, effect="write",
+                     title=f"Update a {e.name} record", preview=self.preview, freeze=partial(self.freeze, "update"),
+                     frozen_fields=("as_role", "row_version")),
             ]
         if any(mask.delete for mask in e.roles.values()):
-            made.append(Tool(name=f"delete_{e.name}", description=models.delete_description(e),
-                             input_model=models.delete_model(e, self.table), handler=self.delete,
-                             title=f"Delete a {e.name} record", freeze=partial(self.freeze, "delete"),
-                             frozen_fields=("as_role", "row_version"), **staged))
+            made.append(Tool(name=f"delete_{e.name}", description=models.delete_description(e), scope=e.write_scope,
+                             input_model=models.delete_model(e, self.table), handler=self.delete, effect="write",
+                             title=f"Delete a {e.name} record", preview=self.preview,
+                             freeze=partial(self.freeze, "delete"), frozen_fields=("as_role", "row_version")))
         return made

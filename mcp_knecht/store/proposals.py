@@ -8,6 +8,7 @@ has passed reads as `expired`, on every path.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -75,7 +76,7 @@ class SqlProposalRepository:
         return _proposal(row, clock.timestamp()) if row else None
 
     async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]:
+                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> builtins.list[Proposal]:
         now = clock.timestamp()
         where, params = _status_condition(status, now)
         subject_where, subject_params = exact_matches({"proposer_subject": subject})
@@ -91,7 +92,7 @@ class SqlProposalRepository:
         async with self._db.transaction(durable=True) as tx:
             return await tx.execute(sql, params) == 1
 
-    async def expire_overdue(self, now: str) -> list[Proposal]:
+    async def expire_overdue(self, now: str) -> builtins.list[Proposal]:
         async with self._db.transaction(durable=True) as tx:
             rows = await tx.fetch_all(
                 "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING *",

@@ -30,7 +30,7 @@ async def _connect(path: str) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
         raise StoreError(f"Cannot open SQLite database {path}: {exc}") from exc
-    conn.row_factory = _dict_row
+    conn.row_factory = _dict_row  # type: ignore[assignment]  # aiosqlite types it as a class
     await conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     await conn.execute_fetchall("PRAGMA foreign_keys = ON")
     # NORMAL under WAL: a commit survives a crash of the process; a power loss may lose the last

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
@@ -169,8 +169,8 @@ def load_public_key(path: Path) -> PublicKey:
             key = load_pem_public_key(data)
     except ValueError as exc:
         raise ConfigError(f"{path} is not a PEM public key or certificate.") from exc
-    algorithms_for_key(key, source=str(path))
-    return key
+    algorithms_for_key(key, source=str(path))  # refuses every other kind of key
+    return cast(PublicKey, key)
 
 
 def algorithms_for_key(key: object, *, source: str = "the key") -> tuple[str, ...]:

@@ -102,6 +102,6 @@ def _load_private_key(pem: bytes) -> PrivateKey:
 
 def _same_key(public_key: Any, path: Any) -> bool:
     def der(key: Any) -> bytes:
-        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return bytes(key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
 
     return der(public_key) == der(load_public_key(path))
