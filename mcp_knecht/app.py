@@ -3,14 +3,17 @@ transport and by the approval CLI."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
 
+from mcp_knecht.core.approval import ApprovalService
 from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.keys import ServerKeys, load_server_keys
 from mcp_knecht.core.policy_file import PolicySource
 from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.proposal_watch import ProposalWatcher
@@ -22,10 +25,12 @@ from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.store import Database, open_database
-from mcp_knecht.store.audit_log import AuditLog
+from mcp_knecht.store.audit_log import AuditChain, AuditLog
 from mcp_knecht.store.changes import open_change_feed
 from mcp_knecht.store.migrations import apply_migrations
 from mcp_knecht.store.proposals import SqlProposalRepository
+
+logger = logging.getLogger(__name__)
 
 FOLLOWUP_TOOLSET = "mcp_knecht.followup:toolset"
 
@@ -50,6 +55,8 @@ class App:
     secrets: SecretRegistry
     changes: ChangeFeed
     toolsets: tuple[Toolset, ...]
+    keys: ServerKeys
+    approvals: ApprovalService
 
     @property
     def instructions(self) -> str:
@@ -89,7 +96,10 @@ async def assemble(
     whatever the toolsets had opened)."""
     catalogue = load_scopes(settings.scopes_dir)
     secrets = SecretRegistry()
-    toolsets = await load_toolsets(ToolsetContext(store=db, settings=settings, scrubber=secrets, changes=changes))
+    keys = audit.chain.keys
+    proposals = SqlProposalRepository(db, audit.chain)
+    toolsets = await load_toolsets(ToolsetContext(store=db, settings=settings, scrubber=secrets, changes=changes,
+                                                  proposals=proposals))
     try:
         registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
         registry.check_scopes(catalogue.scopes)
@@ -100,22 +110,36 @@ async def assemble(
     except BaseException:
         await _close(toolsets)
         raise
-    proposals = SqlProposalRepository(db)
-    stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
-    gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
+    stager = ProposalStager(proposals, keys, ttl=settings.proposal_ttl, scrub=secrets)
+    gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets,
+                hash_arguments=lambda text: keys.mac("arguments", text))
     # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
     watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               changes, tuple(toolsets))
+               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys))
+
+
+EXPIRY_SWEEP_SECONDS = 30.0
+
+
+async def _expire_proposals(app: App) -> None:
+    """Write (and audit) the expiry of overdue proposals; every reader sees them expired at once anyway."""
+    while True:
+        try:
+            await app.approvals.expire_due()
+        except Exception:
+            logger.exception("Expiring overdue proposals failed; retrying")
+        await anyio.sleep(EXPIRY_SWEEP_SECONDS)
 
 
 @asynccontextmanager
 async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                    watch_policy: bool = True) -> AsyncIterator[App]:
+    keys = load_server_keys(settings)
     db = await open_database(settings.database_url)
     changes = open_change_feed(db)
     try:
-        audit = AuditLog(db)
+        audit = AuditLog(db, AuditChain(keys))
         app = await assemble(settings, db, audit, changes, extra_tools=extra_tools)
         failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
@@ -123,6 +147,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
             if watch_policy:
                 tasks.start_soon(app.policy.watch)
                 tasks.start_soon(app.watcher.run)
+                tasks.start_soon(_expire_proposals, app)
             try:
                 yield app
             except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup

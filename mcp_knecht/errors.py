@@ -16,7 +16,9 @@
     │   ├── NotPendingError          "not_pending"    unknown, expired, already decided (lost race)
     │   ├── SelfApprovalError        "self_approval"  operators cannot approve their own proposals
     │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
-    └── StoreError                   "store"          the database refused or is unreachable
+    ├── StoreError                   "store"          the database refused or is unreachable
+    │   └── StoreBusyError           "store_busy"     the store cannot keep up right now: retry
+    └── TamperedError                "tampered"       a stored record fails its server-keyed check
 
 A `ToolError` reaches the model as a tool result with `isError` and the message; anything else
 raised inside a tool is logged and reaches the model only as "internal error" with a reference,
@@ -111,3 +113,11 @@ class HashMismatchError(DecisionError):
 
 class StoreError(KnechtError):
     code = "store"
+
+
+class StoreBusyError(StoreError, ToolError):
+    code = "store_busy"
+
+
+class TamperedError(KnechtError):
+    code = "tampered"

@@ -92,7 +92,5 @@ INSTRUCTIONS = (
 
 
 def toolset(context: ToolsetContext) -> Toolset:
-    from mcp_knecht.store.proposals import SqlProposalRepository
-
-    return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(context.store), context.changes),
+    return Toolset(name="proposals", tools=followup_tools(context.proposals, context.changes),
                    instructions=INSTRUCTIONS)

@@ -48,13 +48,13 @@ async def connect(app: App, caller: Actor, *, mode: ProtocolMode = "auto") -> As
 
 
 def approvals(app: App) -> ApprovalService:
-    return ApprovalService(app.proposals, app.gate, app.audit)
+    return app.approvals
 
 
 async def approve(app: App, proposal_id: int, operator: str = "bob", *, expect_hash: str | None = None) -> Proposal:
-    """Approve (and so execute) a proposal as `operator`."""
-    return await approvals(app).approve(proposal_id, Operator(operator), expect_hash=expect_hash)
+    """Approve (and so execute) a proposal as `operator`, a verified operator."""
+    return await app.approvals.approve(proposal_id, Operator(operator, verified=True), expect_hash=expect_hash)
 
 
 async def reject(app: App, proposal_id: int, reason: str, operator: str = "bob") -> Proposal:
-    return await approvals(app).reject(proposal_id, Operator(operator), reason)
+    return await app.approvals.reject(proposal_id, Operator(operator, verified=True), reason)

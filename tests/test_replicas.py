@@ -140,7 +140,7 @@ async def test_staged_on_one_replica_approved_by_the_cli_and_followed_on_the_oth
                 approved_at = anyio.current_time()
                 assert approved.returncode == 0, approved.stderr
 
-    assert outcome["status"] == "succeeded" and outcome["decided_by"] == "bob"
+    assert outcome["status"] == "succeeded" and outcome["decided_by"] == "local:bob"
     assert outcome["result"] == {"recorded": "across-replicas"}
     # Woken by the decision (NOTIFY on PostgreSQL, a 0.25 s poll on SQLite), not by the 40 s timeout.
     assert float(outcome["answered_at"]) - approved_at < 2.0  # type: ignore[arg-type]

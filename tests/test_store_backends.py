@@ -12,6 +12,7 @@ import pytest
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.proposals import NewProposal
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.errors import StoreError
@@ -19,11 +20,13 @@ from mcp_knecht.knecht import MIGRATIONS as KNECHT_MIGRATIONS
 from mcp_knecht.knecht import open_store, queries
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import Database, open_database
-from mcp_knecht.store.audit_log import AuditLog, verify_chain
+from mcp_knecht.store.audit_log import AuditChain, AuditLog, verify_chain
 from mcp_knecht.store.changes import open_change_feed
 from mcp_knecht.store.migrations import STORE_MIGRATIONS, apply_migrations
 from mcp_knecht.store.postgresql import lock_key, split_url, translate_placeholders
 from mcp_knecht.store.proposals import SqlProposalRepository
+
+CHAIN = AuditChain(ServerKeys(b"test-server-key-" * 4))
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +179,7 @@ def _entry(i: int, writer: str) -> AuditEntry:
 async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Database) -> None:
     """Two independent stores (as two replicas would have) append at once; the chain verifies."""
     second = await open_database(db.url)
-    logs = [AuditLog(db, flush_interval=0.001), AuditLog(second, flush_interval=0.001)]
+    logs = [AuditLog(db, CHAIN, flush_interval=0.001), AuditLog(second, CHAIN, flush_interval=0.001)]
 
     async def write(log: AuditLog, name: str) -> None:
         for i in range(150):
@@ -193,10 +196,10 @@ async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Datab
     finally:
         await second.close()
     assert await db.fetch_one("SELECT COUNT(*) AS n, MAX(id) AS top FROM audit_log") == {"n": 300, "top": 300}
-    assert await verify_chain(db) == []
+    assert await verify_chain(db, CHAIN) == []
     async with db.transaction() as tx:
         await tx.execute("UPDATE audit_log SET subject = 'mallory' WHERE id = 42")
-    assert [p.id for p in await verify_chain(db)] == [42]
+    assert [p.id for p in await verify_chain(db, CHAIN)] == [42]
 
 
 def _proposal(n: int) -> NewProposal:
@@ -204,19 +207,30 @@ def _proposal(n: int) -> NewProposal:
         tool="record_effect", action=None, arguments_json=f'{{"label":"e{n}"}}', arguments_hash=f"{n:064x}",
         arguments_shown=f'{{"label":"e{n}"}}', rule="builtin:write",
         proposer=Actor("alice", "pytest", frozenset({"runs:write"})),
-        preview=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z",
+        preview=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z", seal="",
     )
+
+
+def _decision(outcome: str, operator: str = "bob") -> AuditEntry:
+    return AuditEntry(source="approval", subject=operator, client="pytest", tool="record_effect",
+                      outcome=outcome)  # type: ignore[arg-type]
+
+
+async def _create(repo: SqlProposalRepository, n: int) -> int:
+    proposal_id, created = await repo.create(_proposal(n), _decision("staged", "alice"))
+    assert created
+    return proposal_id
 
 
 async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:
     stores = [db, *[await open_database(db.url) for _ in range(3)]]
-    repos = [SqlProposalRepository(s) for s in stores]
-    ids = [await repos[0].create(_proposal(n)) for n in range(40)]
+    repos = [SqlProposalRepository(s, CHAIN) for s in stores]
+    ids = [await _create(repos[0], n) for n in range(40)]
     wins: dict[int, list[str]] = {i: [] for i in ids}
 
     async def claim(repo: SqlProposalRepository, operator: str) -> None:
         for proposal_id in random.sample(ids, len(ids)):
-            if await repo.claim(proposal_id, operator, timestamp()):
+            if await repo.claim(proposal_id, operator, timestamp(), _decision("approved", operator)):
                 wins[proposal_id].append(operator)
 
     try:
@@ -228,12 +242,16 @@ async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:
             await store.close()
     assert all(len(winners) == 1 for winners in wins.values()), wins
     assert await db.fetch_one("SELECT COUNT(*) AS n FROM proposals WHERE status = 'approved'") == {"n": 40}
+    # Each proposal and each decision committed with its audit row: 40 staged, 40 approved, one chain.
+    outcomes = await db.fetch_all("SELECT outcome, COUNT(*) AS n FROM audit_log GROUP BY outcome ORDER BY outcome")
+    assert outcomes == [{"outcome": "approved", "n": 40}, {"outcome": "staged", "n": 40}]
+    assert await verify_chain(db, CHAIN) == []
 
 
 async def test_a_decision_wakes_a_waiting_agent(db: Database) -> None:
     """Another store object (as another replica would) decides; the waiter wakes well before its timeout."""
-    repo = SqlProposalRepository(db)
-    proposal_id = await repo.create(_proposal(1))
+    repo = SqlProposalRepository(db, CHAIN)
+    proposal_id = await _create(repo, 1)
     other = await open_database(db.url)
     notifier = open_change_feed(db)
     woke_after: list[float] = []
@@ -250,7 +268,8 @@ async def test_a_decision_wakes_a_waiting_agent(db: Database) -> None:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(wait)
                 await anyio.sleep(0.3)
-                assert await SqlProposalRepository(other).claim(proposal_id, "bob", timestamp())
+                assert await SqlProposalRepository(other, CHAIN).claim(proposal_id, "bob", timestamp(), 
+                    _decision("approved"))
         assert woke_after and woke_after[0] < 1.5
         if db.dialect == "postgresql":
             assert notifier.listening and notifier.notifications >= 1  # type: ignore[attr-defined]

@@ -51,7 +51,7 @@ async def test_a_release_0_1_0_database_migrates_in_place(database_url: str, env
         recorded = {(r["namespace"], r["version"]) for r in await db.fetch_all(
             "SELECT namespace, version FROM applied_migrations")}
         assert recorded >= {("store", 1), ("store", 2), ("store", 3), ("knecht", 1), ("knecht", 2), ("knecht", 3)}
-        assert await verify_chain(db) == []
+        assert await verify_chain(db, app.audit.chain) == []
 
         # The new release works on the old rows: a call is audited onto the same chain, and the
         # pending proposal of the old release is still the exact call it was.
@@ -60,7 +60,7 @@ async def test_a_release_0_1_0_database_migrates_in_place(database_url: str, env
         pending = await app.proposals.get(3)
         assert pending is not None and pending.arguments["name"] == "NEW_TOKEN"
         await app.audit.flush()
-        assert await verify_chain(db) == []
+        assert await verify_chain(db, app.audit.chain) == []
         rows = await db.fetch_one("SELECT COUNT(*) AS n FROM audit_log")
         assert rows == {"n": 10}
 

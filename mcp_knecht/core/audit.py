@@ -9,7 +9,7 @@ from mcp_knecht.core.clock import timestamp
 
 Outcome = Literal[
     "ran", "failed", "invalid", "denied", "staged", "forbidden",
-    "approved", "rejected", "executed", "execution_failed", "settled",
+    "approved", "rejected", "executed", "execution_failed", "settled", "expired", "tampered",
 ]
 
 
@@ -32,6 +32,10 @@ class AuditEntry:
 class AuditSink(Protocol):
     def record(self, entry: AuditEntry) -> None:
         """Accept an entry without blocking the caller; durability is the sink's job."""
+        ...
+
+    def accepting(self) -> bool:
+        """False while the sink cannot keep up (a busy store): new work should wait."""
         ...
 
 

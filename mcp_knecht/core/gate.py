@@ -35,6 +35,7 @@ from mcp_knecht.errors import (
     InvalidArgumentsError,
     MissingScopeError,
     PolicyDeniedError,
+    StoreBusyError,
     ToolError,
     UnknownToolError,
 )
@@ -68,8 +69,9 @@ class FrozenCall:
 
 
 class Stager(Protocol):
-    async def stage(self, call: FrozenCall, actor: Actor) -> dict[str, Any]:
-        """Persist `call` as a pending proposal; return at least `{"id": …, "status": "pending"}`."""
+    async def stage(self, call: FrozenCall, actor: Actor, staged: AuditEntry) -> dict[str, Any]:
+        """Persist `call` as a pending proposal together with its `staged` audit row (one
+        transaction); return at least `{"id": …, "status": "pending", "created": bool}`."""
         ...
 
 
@@ -103,12 +105,16 @@ class Gate:
         policy: Callable[[], Policy] = Policy,
         stager: Stager | None = None,
         scrub: Scrubber = _no_scrub,
+        hash_arguments: Callable[[str], str] = sha256_hex,
     ) -> None:
+        """`hash_arguments`: what identifies a call's canonical arguments to operators; the app
+        passes a server-keyed MAC, so that nobody can test guesses of a staged value offline."""
         self.registry = registry
         self._audit = audit
         self._policy = policy
         self._stager = stager
         self._scrub = scrub
+        self.hash_arguments = hash_arguments
 
     def visible_tools(self, actor: Actor) -> list[Tool]:
         policy = self._policy()
@@ -121,6 +127,10 @@ class Gate:
         self, actor: Actor, name: str, arguments: object, *, source: Source = MCP
     ) -> GateResult:
         started = time.perf_counter()
+        if not self._audit.accepting():
+            busy = StoreBusyError("The store is busy and the audit log is waiting to write; nothing ran. "
+                                  "Retry in a few seconds.")
+            return self._finish(actor, source, started, _error("failed", busy), str(name)[:_MAX_AUDITED_NAME])
         tool = self._look_up(actor, name)
         if tool is None:
             return self._finish(actor, source, started, self._forbidden(name), name, arguments=arguments)
@@ -140,7 +150,9 @@ class Gate:
         if isinstance(frozen, GateResult):
             return self._finish(actor, source, started, frozen, name, action, decision)
         if decision.mode == "approve":
-            result, call = await self._stage(actor, tool, action, frozen, decision, source)
+            result, call, recorded = await self._stage(actor, tool, action, frozen, decision, source, started)
+            if recorded:
+                return result
             return self._finish(actor, source, started, result, name, action, decision, call=call)
         result = await self.execute(actor, tool, frozen, source=source)
         return self._finish(actor, source, started, result, name, action, decision, validated=frozen)
@@ -182,23 +194,30 @@ class Gate:
 
     async def _stage(
         self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision,
-        source: Source,
-    ) -> tuple[GateResult, FrozenCall | None]:
+        source: Source, started: float,
+    ) -> tuple[GateResult, FrozenCall | None, bool]:
+        """Stage the call; True when its audit row was written with the proposal."""
         if self._stager is None:
             refused = PolicyDeniedError(
                 f"{tool.name} needs approval, but this server has no proposal store configured."
             )
-            return _error("denied", refused), None
+            return _error("denied", refused), None, False
         arguments_json = canonical_json(validated.model_dump(mode="json"))
-        call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision, source)
+        arguments_hash = self.hash_arguments(arguments_json)
+        call = FrozenCall(tool, action, validated, arguments_json, arguments_hash, decision, source)
+        staged = self._entry(actor, source, started, "staged", tool.name, action, decision, arguments_hash, {})
         try:
-            proposal = await self._stager.stage(call, actor)
+            proposal = await self._stager.stage(call, actor, staged)
         except ToolError as exc:
-            return self._tool_error("failed", exc), call
+            return self._tool_error("failed", exc), call, False
         except Exception:
-            return _internal_error(tool.name, "staging"), call
-        text = f"Submitted for approval (#{proposal['id']})."
-        return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call
+            return _internal_error(tool.name, "staging"), call, False
+        if proposal.pop("created", True):
+            text = f"Submitted for approval (#{proposal['id']})."
+        else:
+            text = (f"Already pending approval (#{proposal['id']}): you proposed exactly this call before and it "
+                    "still waits for a decision; nothing new was staged.")
+        return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call, True
 
     def _tool_error(self, outcome: Outcome, exc: ToolError) -> GateResult:
         """A tool's own error, scrubbed like any output: its message may quote stored data."""
@@ -240,26 +259,28 @@ class Gate:
             detail["error"] = result.error_code
         if arguments is not None:
             detail["arguments"] = self._scrub(_bounded_repr(arguments))
-        proposal_id = result.data.get("id") if result.outcome == "staged" and result.data else None
         arguments_hash = call.arguments_hash if call else None
         if validated is not None and arguments_hash is None and result.outcome in ("ran", "failed"):
-            arguments_hash = sha256_hex(canonical_json(validated.model_dump(mode="json")))
-        self._audit.record(
-            AuditEntry(
-                source=str(source),
-                subject=actor.subject,
-                client=actor.client,
-                tool=str(name)[:_MAX_AUDITED_NAME],
-                action=action,
-                outcome=result.outcome,
-                rule=decision.rule if decision else None,
-                proposal_id=proposal_id if isinstance(proposal_id, int) else None,
-                arguments_hash=arguments_hash,
-                detail=detail,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
-            )
-        )
+            arguments_hash = self.hash_arguments(canonical_json(validated.model_dump(mode="json")))
+        self._audit.record(self._entry(actor, source, started, result.outcome, name, action, decision,
+                                       arguments_hash, detail))
         return result
+
+    @staticmethod
+    def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: str, action: str | None,
+               decision: Decision | None, arguments_hash: str | None, detail: dict[str, Any]) -> AuditEntry:
+        return AuditEntry(
+            source=str(source),
+            subject=actor.subject,
+            client=actor.client,
+            tool=str(name)[:_MAX_AUDITED_NAME],
+            action=action,
+            outcome=outcome,
+            rule=decision.rule if decision else None,
+            arguments_hash=arguments_hash,
+            detail=detail,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
 
 
 def _bounded_repr(arguments: object) -> str:

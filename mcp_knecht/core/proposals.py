@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.audit import AuditEntry
+from mcp_knecht.core.canonical import canonical_json
 
 Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"]
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
+
+
+def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
+              subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str, expires_at: str) -> str:
+    """Everything that decides what an approval runs, as one text for the seal's MAC."""
+    return canonical_json([tool, action, arguments_json, arguments_hash, arguments_shown, subject, client,
+                           sorted(scopes), rule, created_at, expires_at])
+
+
+def same_person(one: str, other: str) -> bool:
+    """Subjects compared as people would: case and surrounding or repeated whitespace ignored."""
+    return " ".join(one.split()).casefold() == " ".join(other.split()).casefold()
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,16 @@ class Proposal:
     result: dict[str, Any] | None = None
     error: str | None = None
     arguments_shown: str | None = None
-    """The arguments with secrets masked: what people see. `arguments_json` is what runs."""
+    """The arguments with secrets masked: what people see. `arguments_json` is what runs; the seal
+    covers both."""
+    seal: str | None = None
+    """A server-keyed MAC over `seal_text` (None: staged by release 0.1.0, before seals)."""
+
+    def seal_text(self) -> str:
+        return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
+                         arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
+                         subject=self.proposer_subject, client=self.proposer_client, scopes=self.proposer_scopes,
+                         rule=self.rule, created_at=self.created_at, expires_at=self.expires_at)
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -66,6 +89,28 @@ class Proposal:
     def shown_status(self) -> str:
         """What an operator should read: a proposal left `executing` by a crash is not "running"."""
         return "executing (outcome unknown if the approver stopped)" if self.status == "executing" else self.status
+
+    def document(self) -> dict[str, Any]:
+        """The proposal as operators see it (the decision API, `knecht-approve --json`)."""
+        return {**self.public(), "proposer": {"subject": self.proposer_subject, "client": self.proposer_client,
+                                             "scopes": list(self.proposer_scopes)},
+                "rule": self.rule, "preview": self.preview, "started_at": self.started_at}
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> Proposal:
+        """A proposal as the decision API described it (for `knecht-approve --server`): the masked
+        arguments stand in for the exact ones, which never leave the server."""
+        shown = canonical_json(document["arguments"])
+        proposer = document["proposer"]
+        return cls(
+            id=document["id"], tool=document["tool"], action=document["action"], arguments_json=shown,
+            arguments_hash=document["arguments_hash"], proposer_subject=proposer["subject"],
+            proposer_client=proposer["client"], proposer_scopes=tuple(proposer["scopes"]), rule=document["rule"],
+            preview=document["preview"], status=document["status"], created_at=document["created_at"],
+            expires_at=document["expires_at"], decided_by=document["decided_by"], decided_at=document["decided_at"],
+            reason=document["reason"], started_at=document["started_at"], finished_at=document["finished_at"],
+            result=document["result"], error=document["error"], arguments_shown=shown,
+        )
 
     def public(self) -> dict[str, Any]:
         """The proposal as the proposer's agent sees it."""
@@ -90,28 +135,44 @@ class NewProposal:
     preview: dict[str, Any] | None
     created_at: str
     expires_at: str
+    seal: str
+
+    def seal_text(self) -> str:
+        return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
+                         arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
+                         subject=self.proposer.subject, client=self.proposer.client,
+                         scopes=sorted(self.proposer.scopes), rule=self.rule, created_at=self.created_at,
+                         expires_at=self.expires_at)
 
 
 class ProposalRepository(Protocol):
-    """Persistence of proposals. Every transition is one conditional, atomic update; every read
-    shows the effective status (an overdue pending proposal reads as `expired`)."""
+    """Persistence of proposals. Every transition is one conditional, atomic update, committed
+    durably together with the audit row that records it; every read shows the effective status
+    (an overdue pending proposal reads as `expired`)."""
 
-    async def create(self, proposal: NewProposal) -> int: ...
-    async def get(self, proposal_id: int) -> Proposal | None: ...
-    async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> builtins.list[Proposal]: ...
-    async def expire_overdue(self, now: str) -> builtins.list[Proposal]:
-        """Write `expired` on every overdue pending proposal; return those it changed."""
+    async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
+        """Store a pending proposal and its `staged` audit row; `(id, False)` when an identical call
+        of the same proposer is pending already (its id; the row records that instead)."""
         ...
-    async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
+    async def get(self, proposal_id: int) -> Proposal | None: ...
+    async def list(self, *, status: str | None = None, subject: str | None = None, limit: int = 100,
+                   after_id: int = 0, before_id: int | None = None,
+                   oldest_first: bool = False) -> builtins.list[Proposal]:
+        """Newest first (or oldest first), by effective status and proposer; `after_id` and
+        `before_id` page by id."""
+        ...
+    async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
+        """Write `expired` (and its audit row) on every overdue pending proposal; return those."""
+        ...
+    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
         """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
         ...
-    async def reject(self, proposal_id: int, operator: str, reason: str, now: str) -> bool: ...
+    async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def start_execution(self, proposal_id: int, now: str) -> bool:
         """approved → executing."""
         ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str) -> bool:
+                     error: str | None, now: str, audit: AuditEntry) -> bool:
         """executing → succeeded | failed."""
         ...
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:

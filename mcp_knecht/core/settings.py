@@ -54,6 +54,12 @@ def _proposal_ttl(text: str) -> timedelta:
         raise ConfigError(exc.message) from None
 
 
+def _operator_auth(text: str) -> str:
+    if text not in ("local", "token"):
+        raise ConfigError(f"KNECHT_OPERATOR_AUTH must be 'local' or 'token', not {text!r}.")
+    return text
+
+
 def _path(text: str) -> Path:
     return Path(text).expanduser()
 
@@ -76,6 +82,15 @@ JWT_PUBLIC_KEY = Variable("KNECHT_JWT_PUBLIC_KEY", "jwt_public_key", "PEM public
 JWKS_URL = Variable("KNECHT_JWKS_URL", "jwks_url", "JWKS URL whose keys verify tokens")
 JWT_ISSUER = Variable("KNECHT_JWT_ISSUER", "jwt_issuer", "the `iss` tokens must carry", DEFAULT_ISSUER)
 JWT_AUDIENCE = Variable("KNECHT_JWT_AUDIENCE", "jwt_audience", "the `aud` tokens must carry", DEFAULT_AUDIENCE)
+SERVER_KEY = Variable("KNECHT_SERVER_KEY", "server_key",
+    "key of proposal seals, argument hashes and the audit chain (≥ 32 bytes)",
+    "a generated key <data dir>/server-key")
+OPERATOR_AUTH = Variable("KNECHT_OPERATOR_AUTH", "operator_auth",
+    "`token`: every decision needs a verified operator token; `local`: the CLI may decide as --as NAME", "local",
+    parse=_operator_auth)
+OPERATOR_TOKEN = Variable("KNECHT_OPERATOR_TOKEN", "operator_token", "an operator's JWT for knecht-approve")
+SERVER_URL = Variable("KNECHT_SERVER_URL", "server_url", "knecht-approve: decide through this server's API",
+    flag="--server")
 ENTITIES_KEY = Variable("KNECHT_ENTITIES_KEY", "entities_key", "key of the entities row fingerprints (≥ 32 bytes)",
     "a generated key <data dir>/entities-key")
 
@@ -91,6 +106,10 @@ VARIABLES: tuple[Variable, ...] = (
     JWKS_URL,
     JWT_ISSUER,
     JWT_AUDIENCE,
+    SERVER_KEY,
+    OPERATOR_AUTH,
+    OPERATOR_TOKEN,
+    SERVER_URL,
     ENTITIES_KEY,
 )
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
@@ -109,6 +128,11 @@ class Settings:
     jwks_url: str | None = None
     jwt_issuer: str = DEFAULT_ISSUER
     jwt_audience: str = DEFAULT_AUDIENCE
+    server_key: str | None = field(default=None, repr=False)
+    operator_auth: str = "local"
+    """`token`: decisions need a verified operator token everywhere (team deployments)."""
+    operator_token: str | None = field(default=None, repr=False)
+    server_url: str | None = None
     entities_key: str | None = field(default=None, repr=False)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The whole environment, for names a config file declares (an entity's `database_env`)."""

@@ -30,8 +30,9 @@ A toolset is a domain's tools (and prompts) plugged into the server by import pa
 
 What a toolset gets — `ToolsetContext`: the server's `store` (the `Database` interface below; SQL
 with `?` placeholders, portable between SQLite and PostgreSQL), its `settings` (data dir, config
-dir, environment), its `scrubber` (add literal secret values; every output masks them) and its
-`changes` feed (wake-ups when proposals or other topics change, across processes and replicas).
+dir, environment), its `scrubber` (add literal secret values; every output masks them), its
+`changes` feed (wake-ups when proposals or other topics change, across processes and replicas) and
+its `proposals` (read-only use: what became of a staged call).
 
 What a toolset gives — `Toolset`: its tools and prompts, the text it adds to the MCP
 instructions, its own schema migrations (applied before `start`), and `start`/`close` hooks.
@@ -62,6 +63,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.changes import ChangeFeed, Wakeups
 from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.core.prompts import Prompt, PromptArgument
+from mcp_knecht.core.proposals import ProposalRepository
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.settings import Settings
@@ -135,6 +137,8 @@ class ToolsetContext:
     scrubber: SecretRegistry
     """Register literal secret values here and every output masks them."""
     changes: ChangeFeed
+    proposals: ProposalRepository
+    """The server's proposals (to follow up on what was staged)."""
 
     @property
     def env(self) -> Mapping[str, str]:
