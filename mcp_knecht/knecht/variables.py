@@ -2,7 +2,6 @@
 staged). A secret variable's value never leaves this module: not in a list, not in a get, not in a
 preview, not in the result of a set. Its values feed the scrubber instead."""
 
-
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -87,7 +86,7 @@ class VariableTools:
             preview["new"] = {"secret": secret, "value": HIDDEN if secret else args.value}
         return preview
 
-    async def handle(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
+    async def project_variable(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
         project = await find_project(self.db, args.project)
         if args.action == "list":
             return {"project": project["slug"], "variables": await list_variables(self.db, project["id"])}
@@ -113,7 +112,7 @@ class VariableTools:
     def tools(self) -> list[Tool]:
         return [
             Tool(name="project_variable", description=PROJECT_VARIABLE, scope="variables:read",
-                 input_model=ProjectVariableInput, handler=self.handle,
+                 input_model=ProjectVariableInput, handler=self.project_variable,
                  action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
                  action_scopes={"set": "variables:write", "delete": "variables:write"},
                  preview=self.preview, freeze=self.freeze, title="Project variables"),
