@@ -27,8 +27,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.toolset import ToolsetContext, build_toolset
-from mcp_knecht.knecht import open_store, toolset
+from mcp_knecht.knecht import knecht_tools, open_store
 from mcp_knecht.knecht.demo import fill_demo_data
 
 CACHE = Path(os.environ.get("KNECHT_BENCH_CACHE", "/tmp/mcp-knecht-bench"))
@@ -86,8 +85,7 @@ async def bench(log_mb: int, seed: int, rounds: int) -> dict[str, Any]:
         assert big is not None
         run_id, action_id, total = big["run_id"], big["action_id"], big["n"]
         scrub = SecretRegistry()
-        knecht = await build_toolset(toolset, ToolsetContext(db=db, secrets=scrub, config_dir=Path.cwd()))
-        gate = Gate(Registry(knecht.tools), _NoAudit(), scrub=scrub)
+        gate = Gate(Registry(knecht_tools(db, scrub)), _NoAudit(), scrub=scrub)
         base = {"run_id": run_id, "action": action_id}
         await gate.call_tool(ACTOR, "get_action_log", {**base, "tail": 10})  # warm
         idle_kb = _status_kb("VmRSS")

@@ -26,8 +26,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.toolset import ToolsetContext, build_toolset
-from mcp_knecht.knecht import open_store, toolset
+from mcp_knecht.knecht import knecht_tools, open_store
 from mcp_knecht.knecht.demo import fill_demo_data
 
 CACHE = Path(os.environ.get("KNECHT_BENCH_CACHE", "/tmp/mcp-knecht-bench"))
@@ -93,8 +92,7 @@ async def bench(runs: int, seed: int, rounds: int) -> dict[str, Any]:
     db = await open_store(f"sqlite:///{path}")
     try:
         scrub = SecretRegistry()
-        knecht = await build_toolset(toolset, ToolsetContext(db=db, secrets=scrub, config_dir=Path.cwd()))
-        gate = Gate(Registry(knecht.tools), _NoAudit(), scrub=scrub)
+        gate = Gate(Registry(knecht_tools(db, scrub)), _NoAudit(), scrub=scrub)
         results = []
         for name, arguments in CASES:
             if "before" in arguments:

@@ -17,7 +17,7 @@ from mcp_knecht.core.proposals import NewProposal
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.errors import StoreError
 from mcp_knecht.knecht import MIGRATIONS as KNECHT_MIGRATIONS
-from mcp_knecht.knecht import open_store, queries
+from mcp_knecht.knecht import open_store, projects, runs
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, AuditLog, verify_chain
@@ -304,11 +304,11 @@ async def test_both_stores_answer_the_knecht_queries_identically(tmp_path: Any, 
         try:
             await fill_demo_data(store, runs=300)
             answers.append([
-                await queries.list_projects(store),
-                await queries.get_project(store, 2),
-                await queries.list_runs(store, status="failed", limit=30),
-                await queries.list_runs(store, project=1, workflow="ci", branch="main", before=250),
-                await queries.get_run(store, 11),
+                await projects.list_projects(store),
+                await projects.get_project(store, 2),
+                await runs.list_runs(store, status="failed", limit=30),
+                await runs.list_runs(store, project=1, workflow="ci", branch="main", before=250),
+                await runs.get_run(store, 11),
             ])
         finally:
             await store.close()
