@@ -8,11 +8,14 @@ On when `OTEL_TRACES_EXPORTER` names an exporter (`otlp`, `console`; not `none`)
 (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, unless
 `OTEL_SDK_DISABLED=true`. The exporter reads the rest of its `OTEL_EXPORTER_OTLP_*` variables
 itself; `OTEL_SERVICE_NAME` defaults to `mcp-knecht`. A process that already installed a tracer
-provider (e.g. under `opentelemetry-instrument`) keeps its own.
+provider (e.g. under `opentelemetry-instrument`) keeps its own. The provider is installed globally,
+so the MCP SDK's own server spans (`tools/call <tool>`, which continue a client's trace when its
+request carries `_meta.traceparent`) are exported too, and each gate span is their child.
 
 One span per gate outcome, `knecht.gate <tool>`, timed as the call was, with the tool, action,
 outcome, policy rule, source, proposal id and error code as attributes — never the arguments or
-the result, and not the caller's identity (that stays in the audit log).
+the result, and not the caller's identity (that stays in the audit log). A name that is not a
+served tool is `(unknown)`: a caller's invented names stay in the audit log too.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class Tracing:
         start = end - int((entry.duration_ms or 0.0) * 1_000_000)
         tool = entry.tool if entry.tool in self.tools else UNKNOWN_TOOL
         attributes: dict[str, Any] = {
-            "knecht.tool": entry.tool, "knecht.outcome": entry.outcome, "knecht.source": entry.source,
+            "knecht.tool": tool, "knecht.outcome": entry.outcome, "knecht.source": entry.source,
         }
         optional = {"knecht.action": entry.action, "knecht.rule": entry.rule,
                     "knecht.proposal_id": entry.proposal_id, "knecht.error": entry.detail.get("error")}
@@ -96,14 +99,19 @@ def tracing_from_env(env: Mapping[str, str], *, provider: Any = None) -> Tracing
     provider = TracerProvider(resource=resource)
     for name in exporters:
         provider.add_span_processor(BatchSpanProcessor(_exporter(name, env)))
+    # Global, so that the MCP SDK's own server spans (`tools/call get_run`, continuing a client's
+    # trace from `_meta.traceparent`) are exported too, with ours inside them.
+    trace.set_tracer_provider(provider)
     return Tracing(provider.get_tracer("mcp_knecht", __version__), provider.shutdown)
 
 
 def _exporter(name: str, env: Mapping[str, str]) -> Any:
     if name == "console":
+        import sys
+
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        return ConsoleSpanExporter(out=sys.stderr)  # stdout is the MCP channel of a stdio server
     if name != "otlp":
         raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r}: mcp-knecht exports traces with 'otlp' or 'console'.")
     protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
