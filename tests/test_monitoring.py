@@ -152,9 +152,9 @@ async def test_without_a_metrics_token_metrics_are_off_and_say_how_to_switch_the
 
 
 def test_a_short_metrics_token_stops_the_server(demo_env: dict[str, str]) -> None:
-    with pytest.raises(RuntimeError, match="KNECHT_METRICS_TOKEN is too short"):
-        with http_server({**demo_env, "KNECHT_METRICS_TOKEN": "short"}):
-            pass
+    with (pytest.raises(RuntimeError, match="KNECHT_METRICS_TOKEN is too short"),
+          http_server({**demo_env, "KNECHT_METRICS_TOKEN": "short"})):
+        pass
 
 
 # --- traces --------------------------------------------------------------------------------------
@@ -193,7 +193,8 @@ async def test_every_gate_call_is_a_span_with_tool_outcome_rule_and_duration_but
     ]
     ran, failed, staged = finished[0], finished[1], finished[5]
     assert ran.attributes is not None and staged.attributes is not None and failed.attributes is not None
-    assert ran.attributes["knecht.tool"] == "get_run" and ran.attributes["knecht.rule"] == "built-in: read effects are auto"
+    assert ran.attributes["knecht.tool"] == "get_run"
+    assert ran.attributes["knecht.rule"] == "built-in: read effects are auto"
     assert ran.attributes["knecht.source"] == "mcp"
     assert staged.attributes["knecht.rule"] == "built-in: write effects are approve"
     assert isinstance(staged.attributes["knecht.proposal_id"], int)
