@@ -92,4 +92,4 @@ class ExplainUnauthorized:
         if not has_token:
             return f"No bearer token. {self._hint}"
         reason = _refusal.get()
-        return f"The bearer token was refused{': ' + reason if reason else ''}. {self._hint}"
+        return f"The bearer token was refused{': ' + reason.rstrip('.') if reason else ''}. {self._hint}"
