@@ -25,6 +25,7 @@ from mcp_knecht.core.settings import Settings
 from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
+from mcp_knecht.errors import ConfigError
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, AuditLog
 from mcp_knecht.store.changes import open_change_feed
@@ -108,6 +109,9 @@ async def assemble(
         prompts = tuple(prompt for ts in toolsets for prompt in ts.prompts)
         for prompt in prompts:
             catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
+            if missing := [name for name in prompt.tools if name not in registry]:
+                raise ConfigError(f"Prompt {prompt.name} names tools this server does not serve: "
+                                  f"{', '.join(missing)}.")
         policy = PolicySource(settings.policy_file, registry)
     except BaseException:
         await _close(toolsets)

@@ -214,10 +214,10 @@ class Gate:
         except Exception:
             return _internal_error(tool.name, "staging"), call, False
         if proposal.pop("created", True):
-            text = f"Submitted for approval (#{proposal['id']})."
+            text = f"Submitted for approval (#{proposal['id']}).{_follow_up(proposal)}"
         else:
             text = (f"Already pending approval (#{proposal['id']}): you proposed exactly this call before and it "
-                    "still waits for a decision; nothing new was staged.")
+                    f"still waits for a decision; nothing new was staged.{_follow_up(proposal)}")
         return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call, True
 
     def _tool_error(self, outcome: Outcome, exc: ToolError) -> GateResult:
@@ -294,6 +294,14 @@ class Gate:
             detail=detail,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+
+def _follow_up(proposal: dict[str, Any]) -> str:
+    """The staged result's one-line hint, in the text too (several clients show the model only the text)."""
+    hint = f" {proposal['next']}" if proposal.get("next") else ""
+    if isinstance(expires := proposal.get("expires_at"), str):
+        hint += f" It expires at {expires[:16].replace('T', ' ')} UTC unless decided."
+    return hint
 
 
 def _bounded_repr(arguments: object) -> str:
