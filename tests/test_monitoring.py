@@ -24,7 +24,7 @@ from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_knecht import testing
-from mcp_knecht.app import open_app
+from mcp_knecht.app import App, open_app
 from mcp_knecht.core.settings import load_settings
 from mcp_knecht.observe import build_telemetry
 from mcp_knecht.observe.tracing import exporters_configured
@@ -155,6 +155,23 @@ def test_a_short_metrics_token_stops_the_server(demo_env: dict[str, str]) -> Non
     with (pytest.raises(RuntimeError, match="KNECHT_METRICS_TOKEN is too short"),
           http_server({**demo_env, "KNECHT_METRICS_TOKEN": "short"})):
         pass
+
+
+async def test_proposal_series_read_from_either_store_count_overdue_ones_as_expired(staged_app: App) -> None:
+    from mcp_knecht.observe.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.watch(db=staged_app.db, tools=[tool.name for tool in staged_app.registry])
+    async with testing.connect(staged_app, testing.actor("erin", ["runs:write"])) as client:
+        for label in ("a", "b", "c"):
+            assert not (await client.call_tool("record_effect", {"label": label})).is_error
+    async with staged_app.db.transaction() as tx:  # one of them is overdue, not yet swept
+        await tx.execute("UPDATE proposals SET expires_at = '2000-01-01T00:00:00.000000Z' WHERE id = 1")
+    samples = _parse((await metrics.render()).decode())
+    assert _value(samples, "knecht_proposals_pending") == 2
+    assert _value(samples, "knecht_proposals", status="expired") == 1
+    assert _value(samples, "knecht_proposal_decisions_total", decision="expired") == 1
+    assert 0 <= (_value(samples, "knecht_proposal_oldest_pending_age_seconds") or -1) < 60
 
 
 # --- traces --------------------------------------------------------------------------------------

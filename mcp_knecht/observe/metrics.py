@@ -55,12 +55,13 @@ _FLUSH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _DECIDED = {"approved": "approved", "executing": "approved", "succeeded": "approved", "failed": "approved",
             "rejected": "rejected", "expired": "expired"}
 
-# One row per effective status (an overdue pending proposal counts as expired, as everywhere).
-_PROPOSAL_STATS = """
-SELECT CASE WHEN status = 'pending' AND expires_at <= ? THEN 'expired' ELSE status END AS status,
-       COUNT(*) AS n,
-       MIN(CASE WHEN status = 'pending' AND expires_at > ? THEN created_at END) AS oldest
-FROM proposals GROUP BY 1
+# Counts by stored status walk the status index only; the pending ones (few) are then split into
+# still pending and overdue, which read as expired everywhere.
+_BY_STATUS = "SELECT status, COUNT(*) AS n FROM proposals GROUP BY status"
+_PENDING = """
+SELECT COUNT(*) AS overdue,
+       (SELECT MIN(created_at) FROM proposals WHERE status = 'pending' AND expires_at > ?) AS oldest
+FROM proposals WHERE status = 'pending' AND expires_at <= ?
 """
 
 
@@ -171,16 +172,19 @@ class Metrics:
             return
         now = clock.timestamp()
         try:
-            rows = await self._db.fetch_all(_PROPOSAL_STATS, (now, now))
+            rows = await self._db.fetch_all(_BY_STATUS)
+            pending = await self._db.fetch_one(_PENDING, (now, now))
         except KnechtError:
             logger.warning("Reading proposal metrics failed; they are left out of this scrape", exc_info=True)
             self.snapshot = _StoreSnapshot()
             return
-        self.snapshot = _StoreSnapshot(
-            by_status={str(row["status"]): int(row["n"]) for row in rows},
-            oldest_pending=min((row["oldest"] for row in rows if row["oldest"]), default=None),
-            ok=True,
-        )
+        by_status = {str(row["status"]): int(row["n"]) for row in rows}
+        overdue = int(pending["overdue"]) if pending else 0
+        if overdue:
+            by_status["pending"] = by_status.get("pending", 0) - overdue
+            by_status["expired"] = by_status.get("expired", 0) + overdue
+        self.snapshot = _StoreSnapshot(by_status=by_status, oldest_pending=pending["oldest"] if pending else None,
+                                       ok=True)
 
     async def render(self) -> bytes:
         """The exposition text of a scrape."""
