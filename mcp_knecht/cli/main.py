@@ -80,7 +80,7 @@ def _refuse_stdio(problem: str) -> int:
 
     message = (f"mcp-knecht cannot serve: {problem}.\nMint a new token and put it into this client's "
                f"configuration (KNECHT_TOKEN):\n  {renew_hint()}")
-    say(f"mcp-knecht: {message}")
+    say(message)
     anyio.run(serve_refusal, message)
     return EXIT_USAGE
 
