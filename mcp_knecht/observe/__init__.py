@@ -19,6 +19,7 @@ loads neither prometheus-client nor OpenTelemetry.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Telemetry", "build_telemetry"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class Telemetry:
@@ -48,7 +51,10 @@ class Telemetry:
 
     def _fan_out(self, entry: AuditEntry) -> None:
         for observer in self.observers:
-            observer(entry)
+            try:
+                observer(entry)
+            except Exception:  # one failing sink (an exporter, a log handler) does not silence the others
+                logger.exception("Monitoring %s failed for an outcome of %s", observer, entry.tool)
 
     def attach(self, app: App, *, sessions_open: Callable[[], int] | None = None) -> None:
         """Learn the served tools (label values) and what the metrics read when scraped."""
