@@ -26,6 +26,9 @@ DEFAULT_PROPOSAL_TTL = timedelta(hours=24)
 DEFAULT_ISSUER = "mcp-knecht"
 DEFAULT_AUDIENCE = "mcp-knecht"
 MAX_PROPOSAL_TTL = timedelta(days=30)
+DEFAULT_WEB_SESSION_TTL = timedelta(hours=8)
+"""How long a web session lasts after signing in (a pasted token's own expiry ends it sooner)."""
+MAX_WEB_SESSION_TTL = timedelta(days=7)
 
 _INSTALLATION = Path(__file__).resolve().parents[2]
 """The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
@@ -50,6 +53,13 @@ def _toolsets(text: str) -> tuple[str, ...]:
 def _proposal_ttl(text: str) -> timedelta:
     try:
         return parse_duration(text, maximum=MAX_PROPOSAL_TTL, what="Proposal lifetime (KNECHT_PROPOSAL_TTL)")
+    except UsageError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def _web_session_ttl(text: str) -> timedelta:
+    try:
+        return parse_duration(text, maximum=MAX_WEB_SESSION_TTL, what="Web session lifetime (KNECHT_WEB_SESSION_TTL)")
     except UsageError as exc:
         raise ConfigError(exc.message) from None
 
@@ -93,6 +103,8 @@ SERVER_URL = Variable("KNECHT_SERVER_URL", "server_url", "knecht-approve: decide
     flag="--server")
 ENTITIES_KEY = Variable("KNECHT_ENTITIES_KEY", "entities_key", "key of the entities row fingerprints (≥ 32 bytes)",
     "a generated key <data dir>/entities-key")
+WEB_SESSION_TTL = Variable("KNECHT_WEB_SESSION_TTL", "web_session_ttl",
+    "how long a web session lasts after signing in (at most 7d)", "8h", parse=_web_session_ttl)
 
 VARIABLES: tuple[Variable, ...] = (
     DATABASE_URL,
@@ -111,6 +123,7 @@ VARIABLES: tuple[Variable, ...] = (
     OPERATOR_TOKEN,
     SERVER_URL,
     ENTITIES_KEY,
+    WEB_SESSION_TTL,
 )
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
 
@@ -134,6 +147,7 @@ class Settings:
     operator_token: str | None = field(default=None, repr=False)
     server_url: str | None = None
     entities_key: str | None = field(default=None, repr=False)
+    web_session_ttl: timedelta = DEFAULT_WEB_SESSION_TTL
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The whole environment, for names a config file declares (an entity's `database_env`)."""
 

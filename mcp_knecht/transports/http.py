@@ -26,6 +26,7 @@ from mcp_knecht.core.auth import TokenVerifier
 from mcp_knecht.errors import AuthError, ConfigError
 from mcp_knecht.transports.decisions_api import DecisionApi
 from mcp_knecht.transports.mcp_server import server_for_app
+from mcp_knecht.web import web_routes
 
 MCP_PATH = "/mcp"
 
@@ -105,7 +106,8 @@ def build_http_app(
             validate_token_resource=False,  # our verifier checks the audience itself
         ),
         token_verifier=_SdkTokenVerifier(verifier),
-        custom_starlette_routes=[Route("/healthz", health, methods=["GET"]), *DecisionApi(app, verifier).routes()],
+        custom_starlette_routes=[Route("/healthz", health, methods=["GET"]), *DecisionApi(app, verifier).routes(),
+                                 *web_routes(app, verifier, public_url=public_url)],  # the web page for people
     )
     # Ours first, so both well-known paths describe the same resource with its scopes.
     for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource" + MCP_PATH):
@@ -119,7 +121,9 @@ async def serve_http(app: App, verifier: TokenVerifier, *, host: str, port: int,
 
     base = public_url or f"http://{host}:{port}"
     asgi = build_http_app(app, verifier, public_url=base, stateless=stateless, host=host)
-    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on")
+    # Open live streams (the web page's) must not hold a shutdown forever.
+    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=5)
     try:
         await uvicorn.Server(config).serve()
     except SystemExit as exc:  # uvicorn exits when it cannot bind
