@@ -109,8 +109,8 @@ def build_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, ago=ago, moment=moment, duration=duration, pretty_json=pretty_json, diff_lines=diff_lines,
-                       kind_of=kind_of, status_label=status_label)
+    env.filters.update(when=when, ago=ago, moment=moment, duration=duration, pretty_json=pretty_json,
+                       diff_lines=diff_lines, kind_of=kind_of, status_label=status_label)
     return env
 
 
