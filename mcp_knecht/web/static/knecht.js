@@ -108,7 +108,11 @@
     enhance(document);
     document.querySelectorAll("[data-live]").forEach(live);
     var target = document.querySelector("[data-focus]");
-    if (target) focus(target);
+    if (target) {
+      focus(target);
+      // The browser's own jump to a #fragment happens at load and moves focus away again.
+      window.addEventListener("load", function () { window.setTimeout(function () { focus(target); }, 0); });
+    }
     forgetAssistantParameters();
     guardDoubleSubmit();
   });
