@@ -387,6 +387,8 @@ async def test_an_operator_reviews_and_approves_exactly_the_hash_shown(app: App,
         assert done.status_code == 303
         after = (await browser.get(f"/proposals/{proposal_id}")).text
         assert "Succeeded" in after and '<strong class="decided-by">bob</strong>' in after
+        new_run = await app.db.fetch_one("SELECT MAX(id) AS id FROM runs WHERE rerun_of = 11")
+        assert new_run is not None and f'<a href="/runs/{new_run["id"]}">Open run' in after
         assert 'name="decision"' not in after
     decided = await app.proposals.get(proposal_id)
     assert decided is not None and decided.status == "succeeded" and decided.decided_by == "bob"

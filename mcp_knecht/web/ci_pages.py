@@ -21,7 +21,9 @@ from mcp_knecht.web.reads import PageError, read
 LOG_LINES = 200
 LIVE_RUN = ("queued", "running")
 REFRESH_MS = 3000
-"""How often a card or run that is still changing asks for itself again."""
+"""How often a card whose diagnosis is pending asks for itself again."""
+RUN_REFRESH_MS = 15000
+"""How often a card whose run is still queued or running does (each look is a few audited reads)."""
 
 
 # --- the dashboard ---------------------------------------------------------------------------------
@@ -36,9 +38,9 @@ async def _card(view: View, project: dict[str, Any]) -> dict[str, Any]:
         status = run.get("status", status)
     if run_id and status == "failed":
         diagnosis = DiagnosisCard.of(await view.web.diagnosis(view.actor, int(run_id)), run)
-    live = status in LIVE_RUN or (diagnosis is not None and not diagnosis.final)
-    return {"project": project, "run": run, "status": status, "diagnosis": diagnosis, "live": live,
-            "refresh_ms": REFRESH_MS}
+    waiting = diagnosis is not None and not diagnosis.final
+    return {"project": project, "run": run, "status": status, "diagnosis": diagnosis,
+            "live": waiting or status in LIVE_RUN, "refresh_ms": REFRESH_MS if waiting else RUN_REFRESH_MS}
 
 
 async def dashboard(view: View) -> Response:

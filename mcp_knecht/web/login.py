@@ -33,10 +33,10 @@ def _login_cookie(web: Web, request: Request) -> str:
 
 
 def _login_form(view: View, status: int = 200, *, error: str | None = None, link: str = "",
-                grant: Grant | None = None) -> Response:
+                grant: Grant | None = None, next_path: str | None = None) -> Response:
     nonce = secrets.token_urlsafe(18)
     response = view.render("login.html", status, error=error, link=link, grant=grant, login_csrf=nonce,
-                           next=local_target(view.request.query_params.get("next")),
+                           next=local_target(next_path or view.request.query_params.get("next")),
                            signed_out="signed_out" in view.request.query_params)
     response.set_cookie(_login_cookie(view.web, view.request), nonce, max_age=1800, path="/", httponly=True,
                         samesite="strict", secure=view.web.sessions.secure(view.request))
@@ -60,29 +60,30 @@ async def login(view: View) -> Response:
         raise PageError(400, "The form is too large.")
     form = await request.form(max_files=0, max_fields=10)
     nonce, cookie = form.get(_LOGIN_FIELD), request.cookies.get(_login_cookie(view.web, request))
+    wanted = form.get("next")
+    next_path = local_target(wanted if isinstance(wanted, str) else None)
     if not (same_origin(request) and isinstance(nonce, str) and cookie
             and hmac.compare_digest(nonce, cookie)):
         return _login_form(view, 403, error="The sign-in form expired or was not sent from this page. "
-                                            "Try again.")
+                                            "Try again.", next_path=next_path)
     link, token = form.get("link"), form.get("token")
     grant: Grant | None
     if isinstance(link, str) and link:
         grant = await view.web.links.redeem(link)
         if grant is None:
             return _login_form(view, 410, error="This sign-in link was used already or has expired. Ask for a "
-                                                "new one (`mcp-knecht login-link`).")
+                                                "new one (`mcp-knecht login-link`).", next_path=next_path)
     elif isinstance(token, str) and token.strip():
         if len(token) > _MAX_TOKEN:
-            return _login_form(view, 400, error="That is not a token.")
+            return _login_form(view, 400, error="That is not a token.", next_path=next_path)
         try:
             actor = await view.web.verifier.averify(token.strip())
         except AuthError as exc:
-            return _login_form(view, 401, error=f"The token was refused: {exc.message}")
+            return _login_form(view, 401, error=f"The token was refused: {exc.message}", next_path=next_path)
         grant = Grant(actor.subject, actor.scopes, expiry_of(actor.claims))
     else:
-        return _login_form(view, 400, error="Paste a token, or open a sign-in link.")
-    next_path = form.get("next")
-    response = RedirectResponse(local_target(next_path if isinstance(next_path, str) else None), status_code=303)
+        return _login_form(view, 400, error="Paste a token, or open a sign-in link.", next_path=next_path)
+    response = RedirectResponse(next_path, status_code=303)
     if view.session is not None:
         await view.web.sessions.end(view.session)
     await view.web.sessions.start(grant, request, response)
