@@ -471,3 +471,18 @@ async def test_settings_give_the_session_lifetime(env: dict[str, str]) -> None:
 
     with pytest.raises(ConfigError, match=r"web session lifetime.*7 days"):
         load_settings(env={**env, "KNECHT_WEB_SESSION_TTL": "30d"})
+
+
+def test_without_chromium_the_browser_tests_skip_with_the_reason_and_fail_in_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from tests import browser
+
+    monkeypatch.setattr(browser, "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+        browser.chromium_path()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="in CI the browser tests must run"):
+        browser.chromium_path()

@@ -102,7 +102,7 @@ class Person:
         self.page.on("pageerror", lambda error: self.problems.append(f"script error: {error}"))
 
     def _console(self, message: Any) -> None:
-        if "Content Security Policy" in message.text or message.type == "error" and "Refused" in message.text:
+        if "Content Security Policy" in message.text or (message.type == "error" and "Refused" in message.text):
             self.problems.append(message.text)
 
     def sign_in(self) -> Person:
