@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from mcp_knecht.ai.runtime import AiRuntime
+from mcp_knecht.ai.settings import load_ai_settings
 from mcp_knecht.config import Settings
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.policy_file import PolicySource
@@ -42,6 +44,8 @@ class App:
     prompts: tuple[Prompt, ...]
     secrets: SecretRegistry
     toolsets: tuple[Toolset, ...]
+    ai: AiRuntime
+    """AI features over this gate (issue 14): model roles, the loop, the failure diagnosis."""
 
     async def close_toolsets(self) -> None:
         await _close(self.toolsets)
@@ -80,6 +84,7 @@ async def assemble(
         for prompt in prompts:
             catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
         policy = PolicySource(settings.policy_file, registry)
+        ai_settings = load_ai_settings(settings.env, settings.config_dir)
     except BaseException:
         await _close(toolsets)
         raise
@@ -87,8 +92,9 @@ async def assemble(
     stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
     watcher = _proposal_watcher(proposals, db)
+    ai = AiRuntime.create(ai_settings, gate=gate, db=db, secrets=secrets)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               tuple(toolsets))
+               tuple(toolsets), ai)
 
 
 def _proposal_watcher(proposals: SqlProposalRepository, db: Database) -> ProposalWatcher:
@@ -113,6 +119,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
             if watch_policy:
                 tasks.start_soon(app.policy.watch)
                 tasks.start_soon(app.watcher.run)
+                tasks.start_soon(app.ai.run)  # on-demand diagnoses; the worker when a model is set
             try:
                 yield app
             except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup

@@ -74,3 +74,5 @@ class FeatureResult(Generic[Output]):
     steps: int
     usage: Usage
     calls: tuple[ToolCallRecord, ...] = field(default_factory=tuple)
+    record_id: int | None = None
+    """The run's row in `ai_feature_runs`, once recorded."""

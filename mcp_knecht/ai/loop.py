@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic_ai.direct import model_request
 from pydantic_ai.exceptions import AgentRunError, ModelAPIError, UnexpectedModelBehavior, UserError
 from pydantic_ai.messages import (
@@ -67,7 +67,7 @@ def _output_definition(feature: Feature[Any]) -> ToolDefinition:
 def _cost(response: ModelResponse) -> float | None:
     try:
         return float(response.cost().total_price)
-    except Exception:  # noqa: BLE001 - prices are unknown for many models (local ones, gateways)
+    except Exception:  # prices are unknown for many models (local ones, gateways)
         return None
 
 

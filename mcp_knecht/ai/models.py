@@ -15,6 +15,7 @@ runs, so a server without any model starts as before. The provider SDKs are impo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -137,9 +138,7 @@ class ModelResolver:
 
     async def aclose(self) -> None:
         for client in self._clients:
-            try:
+            with contextlib.suppress(Exception):  # closing is best effort at shutdown
                 await client.close()
-            except Exception:  # noqa: BLE001 - closing is best effort at shutdown
-                pass
         self._clients.clear()
         self._built.clear()

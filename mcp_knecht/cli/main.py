@@ -23,6 +23,7 @@ examples:
   mcp-knecht serve --transport http --port 8765
   mcp-knecht policy explain rerun_run        which rule decides, and why
   mcp-knecht audit verify                    check the audit hash chain
+  mcp-knecht diagnose 42                     why run 42 failed (needs KNECHT_MODEL_DEFAULT)
 """
 
 
@@ -255,8 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(handler=_cmd_quickstart)
 
     from mcp_knecht.cli.admin import add_commands
+    from mcp_knecht.cli.diagnose import add_command as add_diagnose
 
     add_commands(commands, _common)
+    add_diagnose(commands, _common)
     return parser
 
 

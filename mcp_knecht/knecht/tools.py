@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_knecht.ai.diagnoses import shown_diagnosis
 from mcp_knecht.core.tools import Tool, ToolContext
 from mcp_knecht.knecht import logs, queries, workflows
 from mcp_knecht.knecht.inputs import (
@@ -48,7 +49,9 @@ number of log lines. `failed_action` names the action that failed (null if none)
 skipped. Also returns the run's inputs, rerun_of (the run this one re-ran), reruns (later runs that \
 re-ran this one) and the size of the run's own log. Logs are not included: read them with the log \
 tools (the run's own log is action_id 0). To diagnose a failure, read the failed action's log first; \
-if the cause is not there, an earlier action's log may show it."""
+if the cause is not there, an earlier action's log may show it. When Knecht has diagnosed a failed run \
+itself, `diagnosis` holds it: status (pending, done, failed, unavailable), the cause and fix in `summary`, \
+and the ids of the actions whose logs show it in `actionIds`."""
 
 
 LIST_WORKFLOWS = """\
@@ -105,7 +108,10 @@ def knecht_tools(db: Database) -> list[Tool]:
         )
 
     async def get_run(args: GetRunInput, ctx: ToolContext) -> dict[str, Any]:
-        return await queries.get_run(db, args.run_id)
+        run = await queries.get_run(db, args.run_id)
+        if run["status"] == "failed" and (diagnosis := await shown_diagnosis(db, args.run_id)) is not None:
+            run["diagnosis"] = diagnosis  # stored by the AI layer (mcp_knecht/ai/diagnoses.py)
+        return run
 
     async def list_workflows(args: ListWorkflowsInput, ctx: ToolContext) -> dict[str, Any]:
         return {"workflows": await workflows.list_workflows(db, args.project)}
