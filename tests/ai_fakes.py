@@ -20,8 +20,9 @@ the model asked for, the tool names offered, and the tool results sent back.
 from __future__ import annotations
 
 import json
+import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -99,7 +100,9 @@ class Received:
             for content in self.body.get("contents") or []:
                 for part in content.get("parts") or []:
                     if "functionResponse" in part:
-                        found.append(json.dumps(part["functionResponse"].get("response")))
+                        response = part["functionResponse"].get("response") or {}
+                        value = response.get("return_value", response) if isinstance(response, dict) else response
+                        found.append(value if isinstance(value, str) else json.dumps(value))
         return found
 
     @property
@@ -156,8 +159,9 @@ _ENCODERS = {"anthropic": _anthropic, "openai": _openai, "google": _google}
 class FakeProvider:
     """A scripted model provider on a free port of 127.0.0.1 (a context manager)."""
 
-    def __init__(self, turns: Sequence[Turn]) -> None:
-        self.turns = list(turns)
+    def __init__(self, turns: Sequence[Turn] | Callable[[Received], Turn]) -> None:
+        self.script = turns if callable(turns) else None
+        self.turns = [] if callable(turns) else list(turns)
         self.requests: list[Received] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -182,9 +186,12 @@ class FakeProvider:
         with self._lock:
             self.requests.append(received)
             index = len(self.requests)
-            if index > len(self.turns):
+            if self.script is not None:
+                turn = self.script(received)
+            elif index > len(self.turns):
                 return 500, {"error": {"message": f"the fake was scripted for {len(self.turns)} requests"}}, 0.0
-            turn = self.turns[index - 1]
+            else:
+                turn = self.turns[index - 1]
         if turn.status != 200:
             return turn.status, _error(received.wire, turn.status), turn.delay
         return 200, _ENCODERS[received.wire](turn, received.model, index), turn.delay
@@ -216,6 +223,24 @@ class FakeProvider:
                     pass  # the client gave up (a timeout test)
 
         return Handler
+
+
+def diagnoser(received: Received) -> Turn:
+    """A scripted model for the failure diagnosis on any run: get_run, then the failed action's log,
+    then an answer quoting the log's last line — whatever the wire format."""
+    prompt = re.search(r"Run (\d+) failed", received.text)
+    assert prompt is not None, "not a diagnosis request"
+    run_id = int(prompt.group(1))
+    results = received.tool_results
+    if not results:
+        return Turn.call("get_run", run_id=run_id)
+    if len(results) == 1:
+        run = json.loads(results[0])
+        return Turn.call("get_action_log", run_id=run_id, action=run["failed_action"]["id"], tail=20)
+    log = json.loads(results[-1])
+    last = log["lines"][-1]["text"] if log.get("lines") else "no log"
+    return Turn.answer(summary=f"Run {run_id} failed in {log['action']['name']}: {last[:200]}",
+                       actionIds=[log["action"]["id"]])
 
 
 @dataclass

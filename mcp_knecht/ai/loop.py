@@ -29,7 +29,6 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
-    RetryPromptPart,
     TextPart,
     ToolCallPart,
     ToolReturnPart,
@@ -44,6 +43,8 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 
 OUTPUT_TOOL = "final_result"
+Feedback = ToolReturnPart | UserPromptPart
+"""What the model is told about an unusable answer: the answer call's result, or a user message."""
 _LAST_STEP = "This is your last step: no more tools. Answer now by calling final_result."
 
 
@@ -108,7 +109,7 @@ class _Run:
         self.usage = self.usage.plus(response.usage.input_tokens, response.usage.output_tokens, _cost(response))
         return response
 
-    def answer(self, response: ModelResponse) -> tuple[Output | None, RetryPromptPart | None]:
+    def answer(self, response: ModelResponse) -> tuple[Output | None, Feedback | None]:
         """The validated answer in `response`, or what to tell the model about a broken one (or neither)."""
         call = next((c for c in response.tool_calls if c.tool_name == OUTPUT_TOOL), None)
         raw: object
@@ -121,7 +122,7 @@ class _Run:
             try:
                 raw = json.loads(text)
             except ValueError:
-                return None, RetryPromptPart(f"Answer by calling {OUTPUT_TOOL}, not in text.")
+                return None, UserPromptPart(f"Answer by calling {OUTPUT_TOOL}, not in text.")
         else:
             return None, None
         try:
@@ -129,12 +130,12 @@ class _Run:
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in exc.errors())
             if call is None:
-                return None, RetryPromptPart(f"Your answer does not fit: {problems}. Answer by calling {OUTPUT_TOOL}.")
-            return None, RetryPromptPart(content=f"Your answer does not fit: {problems}. Call {OUTPUT_TOOL} again.",
-                                         tool_name=OUTPUT_TOOL, tool_call_id=call.tool_call_id)
+                return None, UserPromptPart(f"Your answer does not fit: {problems}. Answer by calling {OUTPUT_TOOL}.")
+            return None, ToolReturnPart(OUTPUT_TOOL, f"Your answer does not fit: {problems}. Call {OUTPUT_TOOL} again.",
+                                        tool_call_id=call.tool_call_id, outcome="retried")
 
     async def run_tools(self, step: int, calls: list[ToolCallPart], *, allowed: bool) -> None:
-        parts: list[ToolReturnPart | RetryPromptPart] = []
+        parts: list[ToolReturnPart] = []
         for call in calls:
             if not allowed:
                 self.calls.append(ToolCallRecord(step, call.tool_name, "skipped"))
@@ -150,7 +151,7 @@ class _Run:
             parts.append(ToolReturnPart(call.tool_name, self.scrub(result.text), tool_call_id=call.tool_call_id))
         self.messages.append(ModelRequest(parts=parts))
 
-    def reply(self, step: int, problem: RetryPromptPart, unanswered: list[ToolCallPart]) -> None:
+    def reply(self, step: int, problem: Feedback, unanswered: list[ToolCallPart]) -> None:
         """Tell the model what was wrong with its answer; calls made beside it are not run."""
         skipped = [ToolReturnPart(call.tool_name, "Not run: answer first.", tool_call_id=call.tool_call_id)
                    for call in unanswered]
@@ -188,7 +189,7 @@ async def run_feature(
             run.reply(step, problem, calls)
             break
         if not calls:
-            run.reply(step, RetryPromptPart(f"Answer by calling {OUTPUT_TOOL}."), [])
+            run.reply(step, UserPromptPart(f"Answer by calling {OUTPUT_TOOL}."), [])
             break
         await run.run_tools(step, calls, allowed=not last)
         if last:

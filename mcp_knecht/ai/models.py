@@ -65,14 +65,21 @@ def is_claude(model: str) -> bool:
 
 
 class ModelResolver:
-    """Builds each configured model once, on first use; `aclose()` releases their HTTP clients."""
+    """Builds each configured model once, on first use; `aclose()` releases their HTTP clients.
 
-    def __init__(self, settings: AiSettings) -> None:
+    `fixed` answers every role with one model instead (pydantic-ai's `FunctionModel` or `TestModel`,
+    for tests and benchmarks without a provider)."""
+
+    def __init__(self, settings: AiSettings, *, fixed: Model | None = None) -> None:
         self._settings = settings
+        self._fixed = fixed
         self._built: dict[str, ResolvedModel] = {}
         self._clients: list[Any] = []
 
     def resolve(self, role: Role) -> ResolvedModel:
+        if self._fixed is not None:
+            spec = ModelSpec("test", self._fixed.model_name, "a fixed model")
+            return ResolvedModel(spec, self._fixed, self._settings.timeout)
         spec = self._settings.spec(role)
         if spec is None:
             raise FeatureUnavailable(unavailable_message(role))
