@@ -128,6 +128,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.cancel_scope.cancel()
                 await audit.aclose()
                 await app.close_toolsets()
+                await app.ai.aclose()
         if failure is not None:
             raise failure
     finally:

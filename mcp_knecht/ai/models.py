@@ -138,14 +138,17 @@ class ModelResolver:
         return OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
 
     def _google(self, model: str, key: str | None, base_url: str | None) -> Model:
+        import httpx2
         from pydantic_ai.models.google import GoogleModel
         from pydantic_ai.providers.google import GoogleProvider
 
-        return GoogleModel(model, provider=GoogleProvider(api_key=key, base_url=base_url))
+        client = httpx2.AsyncClient(timeout=httpx2.Timeout(self._settings.timeout, connect=10.0))
+        self._clients.append(client)
+        return GoogleModel(model, provider=GoogleProvider(api_key=key, base_url=base_url, http_client=client))
 
     async def aclose(self) -> None:
         for client in self._clients:
             with contextlib.suppress(Exception):  # closing is best effort at shutdown
-                await client.close()
+                await (client.aclose() if hasattr(client, "aclose") else client.close())
         self._clients.clear()
         self._built.clear()

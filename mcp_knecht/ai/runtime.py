@@ -94,7 +94,10 @@ class AiRuntime:
                 await anyio.sleep_forever()
         finally:
             self._tasks = None
-            with anyio.CancelScope(shield=True):
-                await self.models.aclose()
+
+    async def aclose(self) -> None:
+        """Release the providers' HTTP clients (at shutdown)."""
+        with anyio.CancelScope(shield=True):
+            await self.models.aclose()
 
 

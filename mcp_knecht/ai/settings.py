@@ -1,7 +1,7 @@
 """Every setting of the AI layer, read in one place (`load_ai_settings`), from the environment
 (which wins) and `[models]` in `<config dir>/knecht.toml`.
 
-    KNECHT_MODEL_DEFAULT      provider:model of the "default model"        e.g. anthropic:claude-sonnet-4-5
+    KNECHT_MODEL_DEFAULT      provider:model of the "default model"        e.g. anthropic:claude-opus-4-7
     KNECHT_MODEL_FAST         provider:model of the "subtask model"        falls back to the default
     KNECHT_AUTO_DIAGNOSE      0 turns the automatic diagnosis of failed runs off (on when a model is set)
     ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL       anthropic
