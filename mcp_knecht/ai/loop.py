@@ -16,16 +16,23 @@ features": pydantic-ai's Agent answers calls to unknown tools itself, unaudited)
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_ai.direct import model_request
-from pydantic_ai.exceptions import AgentRunError, ModelAPIError, UnexpectedModelBehavior, UserError
+from pydantic_ai.exceptions import (
+    AgentRunError,
+    ModelAPIError,
+    UnexpectedModelBehavior,
+    UserError,
+)
 from pydantic_ai.messages import (
+    InstructionPart,
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -58,9 +65,14 @@ def _tool_definitions(gate: Gate, feature: Feature[Any], actor: Actor) -> list[T
     ]
 
 
+@functools.lru_cache(maxsize=64)
+def _output_schema(output: type[BaseModel]) -> dict[str, Any]:
+    return output.model_json_schema()  # costs more than a step of the loop: once per output model
+
+
 def _output_definition(feature: Feature[Any]) -> ToolDefinition:
     return ToolDefinition(
-        name=OUTPUT_TOOL, kind="output", parameters_json_schema=feature.output.model_json_schema(),
+        name=OUTPUT_TOOL, kind="output", parameters_json_schema=_output_schema(feature.output),
         description="Give your final answer. Call this exactly once, when you are done.",
     )
 
@@ -85,24 +97,27 @@ class _Run:
     def __init__(self, feature: Feature[Output], prompt: str, actor: Actor, *, gate: Gate, model: Model,
                  model_name: str, settings: dict[str, Any], timeout: float, scrub: Callable[[str], str]) -> None:
         self.feature, self.actor, self.gate, self.model = feature, actor, gate, model
-        self.model_name, self.settings, self.timeout, self.scrub = model_name, settings, timeout, scrub
+        self.model_name, self.timeout, self.scrub = model_name, timeout, scrub
+        self.settings = {"timeout": timeout, **settings}
         self.messages: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart(prompt)], instructions=feature.instructions)
         ]
         self.usage = Usage()
         self.calls: list[ToolCallRecord] = []
-        self.tools = _tool_definitions(gate, feature, actor)
-        self.output = _output_definition(feature)
+        # Built once per run: with the feature's tools, and with none (the last step, the repair).
+        output, instructions = [_output_definition(feature)], [InstructionPart(content=feature.instructions)]
+        self.with_tools, self.answer_only = (
+            ModelRequestParameters(function_tools=tools, output_mode="tool", output_tools=output,
+                                   allow_text_output=False, instruction_parts=instructions)
+            for tools in (_tool_definitions(gate, feature, actor), [])
+        )
 
-    async def request(self, tools: list[ToolDefinition]) -> ModelResponse:
-        params = ModelRequestParameters(function_tools=tools, output_mode="tool", output_tools=[self.output],
-                                        allow_text_output=False)
+    async def request(self, params: ModelRequestParameters) -> ModelResponse:
+        """One model request; its time is bounded by the SDK's HTTP timeout (`timeout` in the settings,
+        per attempt) and by the run's deadline (see `run_feature`)."""
         try:
-            with anyio.fail_after(self.timeout):
-                response = await model_request(self.model, self.messages, model_settings=self.settings,  # type: ignore[arg-type]
-                                               model_request_parameters=params)
-        except TimeoutError as exc:
-            raise ModelCallError(f"The model {self.model_name} did not answer within {self.timeout:g} s.") from exc
+            response = await model_request(self.model, self.messages, model_settings=self.settings,  # type: ignore[arg-type]
+                                           model_request_parameters=params)
         except (ModelAPIError, UnexpectedModelBehavior, AgentRunError, UserError) as exc:
             raise ModelCallError(f"The model {self.model_name} failed: {self.scrub(str(exc))[:500]}") from exc
         self.messages.append(response)
@@ -111,14 +126,15 @@ class _Run:
 
     def answer(self, response: ModelResponse) -> tuple[Output | None, Feedback | None]:
         """The validated answer in `response`, or what to tell the model about a broken one (or neither)."""
-        call = next((c for c in response.tool_calls if c.tool_name == OUTPUT_TOOL), None)
+        calls = response.tool_calls  # computed on each access
+        call = next((c for c in calls if c.tool_name == OUTPUT_TOOL), None)
         raw: object
         if call is not None:
             try:
                 raw = call.args_as_dict()
             except ValueError:
                 raw = call.args
-        elif not response.tool_calls and (text := _text_answer(response)) is not None:
+        elif not calls and (text := _text_answer(response)) is not None:
             try:
                 raw = json.loads(text)
             except ValueError:
@@ -148,7 +164,9 @@ class _Run:
             result = await self.gate.call_tool(self.actor, call.tool_name, arguments, source=self.feature.source,
                                                allowed=self.feature.tools)
             self.calls.append(ToolCallRecord(step, call.tool_name, result.outcome))
-            parts.append(ToolReturnPart(call.tool_name, self.scrub(result.text), tool_call_id=call.tool_call_id))
+            # The gate scrubs what a tool returns, as for MCP clients; its refusals may quote arguments.
+            shown = self.scrub(result.text) if result.is_error else result.text
+            parts.append(ToolReturnPart(call.tool_name, shown, tool_call_id=call.tool_call_id))
         self.messages.append(ModelRequest(parts=parts))
 
     def reply(self, step: int, problem: Feedback, unanswered: list[ToolCallPart]) -> None:
@@ -174,13 +192,39 @@ async def run_feature(
     timeout: float = 60.0,
     scrub: Callable[[str], str] = lambda text: text,
 ) -> FeatureResult[Output]:
-    """Run `feature` for `actor` on `prompt` until the model answers; see the module docstring."""
+    """Run `feature` for `actor` on `prompt` until the model answers; see the module docstring.
+
+    Every model call is bounded: by `timeout` per HTTP attempt (the provider SDK's), and all of them
+    together by a deadline of `timeout` per request the run may make (its steps and the repair)."""
+    budget = timeout * (feature.max_steps + 1)
+    try:
+        with anyio.fail_after(budget):
+            return await _run_feature(feature, prompt, actor, gate=gate, model=model, model_name=model_name,
+                                      settings=settings, timeout=timeout, scrub=scrub)
+    except TimeoutError as exc:
+        name = model_name or model.model_name
+        raise ModelCallError(f"The model {name} did not answer within {timeout:g} s a request "
+                             f"({budget:g} s for the run).") from exc
+
+
+async def _run_feature(
+    feature: Feature[Output],
+    prompt: str,
+    actor: Actor,
+    *,
+    gate: Gate,
+    model: Model,
+    model_name: str | None,
+    settings: dict[str, Any] | None,
+    timeout: float,
+    scrub: Callable[[str], str],
+) -> FeatureResult[Output]:
     run = _Run(feature, prompt, actor, gate=gate, model=model, model_name=model_name or model.model_name,
                settings=settings or {}, timeout=timeout, scrub=scrub)
     started = time.perf_counter()
     for step in range(1, feature.max_steps + 1):
         last = step == feature.max_steps
-        response = await run.request([] if last else run.tools)
+        response = await run.request(run.answer_only if last else run.with_tools)
         output, problem = run.answer(response)
         if output is not None:
             return run.result(output, step)
@@ -195,7 +239,7 @@ async def run_feature(
         if last:
             break
     # One repair request, offering only the answer channel, after being told what was wrong.
-    response = await run.request([])
+    response = await run.request(run.answer_only)
     output, problem = run.answer(response)
     if output is None:
         why = problem.content if problem is not None and isinstance(problem.content, str) else "no answer"
