@@ -125,14 +125,18 @@ async def store_unavailable(db: Database, run_id: int, error: str, *, now: str) 
             )
 
 
-async def candidates(db: Database, *, now: str, finished_since: str | None, limit: int) -> list[int]:
-    """Failed runs that need a diagnosis (none yet, `unavailable`, or a lapsed claim), newest first."""
+async def candidates(db: Database, *, now: str, finished_since: str | None, limit: int,
+                     below: int | None = None) -> list[int]:
+    """Failed runs that need a diagnosis (none yet, `unavailable`, or a lapsed claim), newest first;
+    with `below`, only runs with a lower id (to go on through a backlog without re-reading its top)."""
     since = " AND r.finished_at >= ?" if finished_since is not None else ""
+    under = " AND r.id < ?" if below is not None else ""
     rows = await db.fetch_all(
         "SELECT r.id FROM runs r LEFT JOIN run_diagnoses d ON d.run_id = r.id"
-        f" WHERE r.status = 'failed'{since}"
+        f" WHERE r.status = 'failed'{since}{under}"
         " AND (d.run_id IS NULL OR d.status = 'unavailable' OR (d.status = 'pending' AND d.lease_until < ?))"
         " ORDER BY r.id DESC LIMIT ?",
-        (*([finished_since] if finished_since is not None else []), now, limit),
+        (*([finished_since] if finished_since is not None else []), *([below] if below is not None else []),
+         now, limit),
     )
     return [int(row["id"]) for row in rows]

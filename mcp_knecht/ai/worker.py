@@ -10,6 +10,7 @@ the others skip it.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -21,6 +22,8 @@ from mcp_knecht.store.database import Database
 
 logger = logging.getLogger(__name__)
 
+GIVE_UP_EVERY = 30.0
+"""Seconds between looks for claims that lapsed too often (they become `failed`)."""
 DEFAULT_CONCURRENCY = 2
 DEFAULT_INTERVAL = 2.0
 DEFAULT_MAX_AGE = timedelta(days=7)
@@ -42,6 +45,10 @@ class DiagnosisWorker:
         self._max_age = max_age
         self._busy: set[int] = set()
         self._wake = anyio.Event()
+        self._next_give_up = 0.0
+        self._below: int | None = None
+        """Where the last scan stopped: a wake-up (a slot freed) goes on below it, through a backlog,
+        without re-reading the runs above it that are done or under way."""
         self.done = 0
         """Diagnoses this worker finished (whatever their outcome)."""
 
@@ -56,8 +63,10 @@ class DiagnosisWorker:
                     await self.scan(tasks)
                 except Exception:  # a store hiccup must not end the worker
                     logger.exception("The diagnosis worker's scan failed; trying again")
-                with anyio.move_on_after(self._interval):
+                with anyio.move_on_after(self._interval) as timer:
                     await self._wake.wait()
+                if timer.cancelled_caught:
+                    self._below = None  # the periodic look starts from the newest failures again
                 self._wake = anyio.Event()
 
     async def scan(self, tasks: anyio.abc.TaskGroup) -> int:
@@ -66,14 +75,21 @@ class DiagnosisWorker:
         if free <= 0:
             return 0
         now = datetime.now(UTC)
-        await diagnoses.give_up_stale(self._db, now=timestamp(now))
+        if time.monotonic() >= self._next_give_up:  # a write: not on every wake-up
+            self._next_give_up = time.monotonic() + GIVE_UP_EVERY
+            await diagnoses.give_up_stale(self._db, now=timestamp(now))
         since = _run_time(now - self._max_age) if self._max_age is not None else None
         found = await diagnoses.candidates(self._db, now=timestamp(now), finished_since=since,
-                                           limit=free + len(self._busy) + 8)
+                                           limit=free + len(self._busy) + 8, below=self._below)
+        if not found and self._below is not None:
+            self._below = None
+            found = await diagnoses.candidates(self._db, now=timestamp(now), finished_since=since,
+                                               limit=free + len(self._busy) + 8)
         started = 0
         for run_id in found:
             if started >= free:
                 break
+            self._below = run_id
             if run_id in self._busy:
                 continue
             owner = self._service.new_owner()
