@@ -16,11 +16,10 @@ features": pydantic-ai's Agent answers calls to unknown tools itself, unaudited)
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -65,9 +64,14 @@ def _tool_definitions(gate: Gate, feature: Feature[Any], actor: Actor) -> list[T
     ]
 
 
-@functools.lru_cache(maxsize=64)
+_SCHEMAS: dict[type[BaseModel], dict[str, Any]] = {}
+
+
 def _output_schema(output: type[BaseModel]) -> dict[str, Any]:
-    return output.model_json_schema()  # costs more than a step of the loop: once per output model
+    """Once per output model: making a schema costs more than a step of the loop."""
+    if (schema := _SCHEMAS.get(output)) is None:
+        schema = _SCHEMAS[output] = output.model_json_schema()
+    return schema
 
 
 def _output_definition(feature: Feature[Any]) -> ToolDefinition:
@@ -91,7 +95,7 @@ def _text_answer(response: ModelResponse) -> str | None:
     return text or None
 
 
-class _Run:
+class _Run(Generic[Output]):
     """One feature run: the conversation, the usage, and the calls made so far."""
 
     def __init__(self, feature: Feature[Output], prompt: str, actor: Actor, *, gate: Gate, model: Model,

@@ -78,8 +78,8 @@ class ModelResolver:
 
     def resolve(self, role: Role) -> ResolvedModel:
         if self._fixed is not None:
-            spec = ModelSpec("test", self._fixed.model_name, "a fixed model")
-            return ResolvedModel(spec, self._fixed, self._settings.timeout)
+            fixed = ModelSpec("test", self._fixed.model_name, "a fixed model")
+            return ResolvedModel(fixed, self._fixed, self._settings.timeout)
         spec = self._settings.spec(role)
         if spec is None:
             raise FeatureUnavailable(unavailable_message(role))

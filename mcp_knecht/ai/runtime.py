@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import anyio
@@ -77,7 +77,7 @@ class AiRuntime:
                                           result=result, started_at=started, finished_at=timestamp())
         return dataclasses.replace(result, record_id=record)
 
-    def start_soon(self, function: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+    def start_soon(self, function: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> bool:
         """Run in the background of a running runtime; False when it is not running (a CLI)."""
         if self._tasks is None:
             return False
