@@ -177,6 +177,16 @@ async def test_roles_fall_back_and_the_file_is_read_but_the_environment_wins(
     assert not load_ai_settings({}).auto_diagnose_on
 
 
+async def test_langdock_takes_its_region_from_the_environment(demo_env: dict[str, str]) -> None:
+    with FakeProvider([Turn.answer(summary="x", actionIds=[])] * 2) as fake:
+        for model, path in (("claude-haiku-4-5", "/anthropic/us/v1/messages"),
+                            ("gpt-5", "/openai/us/v1/chat/completions")):
+            env = Case("langdock", model, path, ("", "")).env(fake.url, KEY) | {"KNECHT_LANGDOCK_REGION": "us"}
+            async with server(demo_env, **env) as app:
+                await app.ai.diagnoses.request(SECRET_RUN, WORKER_ACTOR, again=True)
+    assert [r.path for r in fake.requests] == ["/anthropic/us/v1/messages", "/openai/us/v1/chat/completions"]
+
+
 @pytest.mark.parametrize("value, problem", [
     ("gpt-5", "expected provider:model"),
     ("azure:gpt-5", "unknown provider 'azure'"),
