@@ -5,17 +5,15 @@ A proposal of another subject answers exactly like one that does not exist.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from pydantic import Field
 
-from mcp_knecht.core.proposals import OPEN, STATUSES, Proposal, ProposalRepository, timestamp
-from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
-from mcp_knecht.core.toolset import Toolset, ToolsetContext
-from mcp_knecht.errors import NotFoundError
-from mcp_knecht.store.notify import DecisionNotifier, PollingNotifier
+from mcp_knecht.core import clock
+from mcp_knecht.core.changes import ChangeFeed
+from mcp_knecht.core.proposals import OPEN, STATUSES, Proposal, ProposalRepository
+from mcp_knecht.core.toolset import NotFoundError, Tool, ToolContext, ToolInput, Toolset, ToolsetContext
 
 MAX_WAIT_SECONDS = 50  # clients time out near 60 s
 
@@ -55,15 +53,8 @@ def _own(proposal: Proposal | None, subject: str, proposal_id: int) -> Proposal:
     return proposal
 
 
-def _seconds_until(moment: str) -> float:
-    return (datetime.fromisoformat(moment) - datetime.now(UTC)).total_seconds()
-
-
-def followup_tools(proposals: ProposalRepository, notifier: DecisionNotifier | None = None) -> list[Tool]:
-    changes_of = notifier or PollingNotifier()
-
+def followup_tools(proposals: ProposalRepository, changes: ChangeFeed) -> list[Tool]:
     async def _read(proposal_id: int, subject: str) -> Proposal:
-        await proposals.expire_overdue(timestamp())
         return _own(await proposals.get(proposal_id), subject, proposal_id)
 
     async def get_proposal(args: GetProposalInput, ctx: ToolContext) -> dict[str, Any]:
@@ -72,29 +63,34 @@ def followup_tools(proposals: ProposalRepository, notifier: DecisionNotifier | N
             return proposal.public()
         with anyio.move_on_after(args.wait_seconds):
             # Subscribe first, then read again: a decision committed in between still wakes us.
-            async with changes_of.watching(args.id) as changes:
+            async with changes.watching("proposals", args.id) as wakeups:
                 proposal = await _read(args.id, ctx.actor.subject)
                 while proposal.status in OPEN:
                     # Nobody announces an expiry: wake when it falls due, to see it expire.
-                    due = _seconds_until(proposal.expires_at) + 0.01 if proposal.status == "pending" else 60.0
-                    await changes.wait(max(0.0, min(due, MAX_WAIT_SECONDS)))
+                    due = clock.seconds_until(proposal.expires_at) + 0.01 if proposal.status == "pending" else 60.0
+                    await wakeups.wait(max(0.0, min(due, MAX_WAIT_SECONDS)))
                     proposal = await _read(args.id, ctx.actor.subject)
         return proposal.public()
 
     async def list_proposals(args: ListProposalsInput, ctx: ToolContext) -> dict[str, Any]:
-        await proposals.expire_overdue(timestamp())
         found = await proposals.list(status=args.status, subject=ctx.actor.subject, limit=args.limit)
         return {"proposals": [p.public() for p in found]}
 
     return [
-        Tool("get_proposal", GET_PROPOSAL, "proposals:read", GetProposalInput, get_proposal),
-        Tool("list_proposals", LIST_PROPOSALS, "proposals:read", ListProposalsInput, list_proposals),
+        Tool(name="get_proposal", description=GET_PROPOSAL, scope="proposals:read", input_model=GetProposalInput,
+             handler=get_proposal),
+        Tool(name="list_proposals", description=LIST_PROPOSALS, scope="proposals:read",
+             input_model=ListProposalsInput, handler=list_proposals),
     ]
 
 
-def toolset(context: ToolsetContext) -> Toolset:
-    from mcp_knecht.store.notify import decision_notifier
-    from mcp_knecht.store.proposals import SqlProposalRepository
+INSTRUCTIONS = (
+    "Tools that change something may be staged: the call returns 'Submitted for approval (#ID)' at once and "
+    "a human decides later; that is not a failure. Follow up with get_proposal (it can wait for the decision) "
+    "or list_proposals when you need the outcome."
+)
 
-    db = context.db
-    return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(db), decision_notifier(db)))
+
+def toolset(context: ToolsetContext) -> Toolset:
+    return Toolset(name="proposals", tools=followup_tools(context.proposals, context.changes),
+                   instructions=INSTRUCTIONS)

@@ -44,10 +44,11 @@ from pydantic_ai.settings import ModelSettings  # noqa: E402
 from mcp_knecht.ai.feature import Feature  # noqa: E402
 from mcp_knecht.ai.loop import run_feature  # noqa: E402
 from mcp_knecht.app import App, open_app  # noqa: E402
-from mcp_knecht.config import load_settings  # noqa: E402
 from mcp_knecht.core.actor import Actor  # noqa: E402
+from mcp_knecht.core.settings import load_settings  # noqa: E402
+from mcp_knecht.core.tools import feature_source  # noqa: E402
+from mcp_knecht.knecht import open_store  # noqa: E402
 from mcp_knecht.knecht.demo import fill_demo_data  # noqa: E402
-from mcp_knecht.store import open_database  # noqa: E402
 
 ACTOR = Actor("bench", "bench", frozenset({"runs:read", "logs:read", "workflows:read"}))
 
@@ -112,7 +113,8 @@ def function_model(calls: list[tuple[str, dict[str, Any]]]) -> FunctionModel:
 
 async def direct(app: App, calls: list[tuple[str, dict[str, Any]]]) -> None:
     for name, arguments in calls:
-        await app.gate.call_tool(ACTOR, name, arguments, source="feature:bench", allowed=("get_run", "get_action_log"))
+        await app.gate.call_tool(ACTOR, name, arguments, source=feature_source("bench"),
+                                 allowed=("get_run", "get_action_log"))
 
 
 async def loop(app: App, model: Model, steps: int) -> None:
@@ -175,7 +177,7 @@ async def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         url = f"sqlite:///{folder}/bench.db"
-        db = await open_database(url)
+        db = await open_store(url)
         await fill_demo_data(db)
         await db.close()
         env = {"KNECHT_DATABASE_URL": url, "KNECHT_DATA_DIR": folder, "KNECHT_CONFIG_DIR": str(REPO),

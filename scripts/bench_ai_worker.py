@@ -37,16 +37,16 @@ from mcp_knecht.ai.runtime import AiRuntime  # noqa: E402
 from mcp_knecht.ai.settings import AiSettings, ModelSpec  # noqa: E402
 from mcp_knecht.ai.testing import scripted_diagnoser  # noqa: E402
 from mcp_knecht.app import App, open_app  # noqa: E402
-from mcp_knecht.config import load_settings  # noqa: E402
+from mcp_knecht.core.settings import load_settings  # noqa: E402
+from mcp_knecht.knecht import open_store  # noqa: E402
 from mcp_knecht.knecht.demo import fill_demo_data  # noqa: E402
-from mcp_knecht.store import open_database  # noqa: E402
 
 SETTINGS = AiSettings(default=ModelSpec("anthropic", "scripted", "benchmark"))
 OLD = "2025-01-01T00:00:00Z"
 
 
 async def prepare(url: str, failures: int) -> None:
-    db = await open_database(url)
+    db = await open_store(url)
     try:
         # The demo data fails about one run in six; ask for enough runs to have the failures.
         print(f"[bench] generating demo data for {failures} failures", file=sys.stderr)

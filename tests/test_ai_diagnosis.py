@@ -17,10 +17,10 @@ from mcp_knecht.ai.runtime import AiRuntime
 from mcp_knecht.ai.settings import AiSettings, ModelSpec
 from mcp_knecht.ai.testing import scripted_diagnoser
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
-from mcp_knecht.core.proposals import timestamp
+from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.settings import load_settings
+from mcp_knecht.knecht import open_store
 from mcp_knecht.knecht.demo import fill_demo_data
-from mcp_knecht.store import open_database
 from mcp_knecht.store.audit_log import recent_entries
 from mcp_knecht.transports.mcp_server import server_for_app
 
@@ -44,7 +44,7 @@ def scripted_runtime(app: App, **worker_options: object) -> AiRuntime:
 @pytest.fixture
 async def store_env(env: dict[str, str], database_url: str) -> dict[str, str]:
     """A demo store (80 runs) on SQLite or PostgreSQL in which only three failures are recent."""
-    db = await open_database(database_url)
+    db = await open_store(database_url)
     try:
         await fill_demo_data(db, runs=80)
         failed = [r["id"] for r in await db.fetch_all("SELECT id FROM runs WHERE status = 'failed' ORDER BY id")]

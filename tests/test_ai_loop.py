@@ -14,8 +14,8 @@ from mcp_knecht.ai.feature import Feature
 from mcp_knecht.ai.loop import run_feature
 from mcp_knecht.ai.workflow_fix import WORKFLOW_FIX, workflow_fix_prompt
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.knecht import secret_values
 from mcp_knecht.store.audit_log import recent_entries
 from tests.ai_scripted import Scripted, answer, call, text

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from mcp_knecht.ai.diagnosis import WORKER_ACTOR
 from mcp_knecht.ai.errors import FeatureUnavailable, ModelCallError
 from mcp_knecht.ai.records import feature_runs
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import ConfigError
 from mcp_knecht.knecht import secret_values
 from tests.ai_fakes import FakeProvider, Turn
@@ -160,31 +161,24 @@ async def test_api_keys_join_the_output_scrubber(demo_env: dict[str, str]) -> No
         assert app.secrets(f"key={KEY} and {KEY}") == "key=*** and ***"
 
 
-async def test_roles_fall_back_and_the_file_is_read_but_the_environment_wins(
-    demo_env: dict[str, str], tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+async def test_roles_fall_back_and_the_file_is_read_but_the_environment_wins(tmp_path: Path) -> None:
     from mcp_knecht.ai.settings import load_ai_settings
+    from mcp_knecht.core.settings import Settings
 
+    def ai(**fields: object):  # type: ignore[no-untyped-def]
+        return load_ai_settings(Settings(data_dir=tmp_path, config_dir=tmp_path, database_url="sqlite:///x",
+                                         **fields))  # type: ignore[arg-type]
+
+    assert not ai().auto_diagnose_on, "no model: no automatic diagnosis"
+    only_default = ai(model_default="langdock:claude-opus-4-7")
+    assert str(only_default.spec("fast")) == "langdock:claude-opus-4-7" and only_default.auto_diagnose_on
+    assert not ai(model_default="openai:gpt-5", auto_diagnose=False).auto_diagnose_on
     (tmp_path / "knecht.toml").write_text('[models]\ndefault = "openai:gpt-5"\nfast = "google:gemini-2.5-flash"\n')
-    from_file = load_ai_settings({}, tmp_path)
+    from_file = ai()
     assert (str(from_file.spec("default")), str(from_file.spec("fast"))) == ("openai:gpt-5", "google:gemini-2.5-flash")
-    env = load_ai_settings({"KNECHT_MODEL_FAST": "anthropic:claude-haiku-4-5"}, tmp_path)
-    assert str(env.spec("fast")) == "anthropic:claude-haiku-4-5"
-    only_default = load_ai_settings({"KNECHT_MODEL_DEFAULT": "langdock:claude-opus-4-7"})
-    assert str(only_default.spec("fast")) == "langdock:claude-opus-4-7"
-    assert only_default.auto_diagnose_on
-    assert not load_ai_settings({"KNECHT_MODEL_DEFAULT": "openai:gpt-5", "KNECHT_AUTO_DIAGNOSE": "0"}).auto_diagnose_on
-    assert not load_ai_settings({}).auto_diagnose_on
-
-
-async def test_langdock_takes_its_region_from_the_environment(demo_env: dict[str, str]) -> None:
-    with FakeProvider([Turn.answer(summary="x", actionIds=[])] * 2) as fake:
-        for model, path in (("claude-haiku-4-5", "/anthropic/us/v1/messages"),
-                            ("gpt-5", "/openai/us/v1/chat/completions")):
-            env = Case("langdock", model, path, ("", "")).env(fake.url, KEY) | {"KNECHT_LANGDOCK_REGION": "us"}
-            async with server(demo_env, **env) as app:
-                await app.ai.diagnoses.request(SECRET_RUN, WORKER_ACTOR, again=True)
-    assert [r.path for r in fake.requests] == ["/anthropic/us/v1/messages", "/openai/us/v1/chat/completions"]
+    assert str(ai(model_fast="anthropic:claude-haiku-4-5").spec("fast")) == "anthropic:claude-haiku-4-5"
+    keys = ai(env={"ANTHROPIC_API_KEY": "sk-a"}, openai_compatible_api_key="sk-b")
+    assert sorted(keys.secret_values()) == ["sk-a", "sk-b"]
 
 
 @pytest.mark.parametrize("value, problem", [

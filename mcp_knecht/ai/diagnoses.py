@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_knecht.store.database import Database, Row
+from mcp_knecht.core.database import Database, Row
 
 MAX_ATTEMPTS = 3
 PENDING_TEXT = "Knecht is looking into why the last run failed."

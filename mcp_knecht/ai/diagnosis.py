@@ -10,21 +10,38 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from pydantic import BaseModel, Field
 
 from mcp_knecht.ai import diagnoses
 from mcp_knecht.ai.errors import FeatureError, FeatureUnavailable
-from mcp_knecht.ai.feature import Feature
+from mcp_knecht.ai.feature import Feature, FeatureResult, Output
+from mcp_knecht.ai.models import ModelResolver
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.proposals import timestamp
+from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.database import Database
 from mcp_knecht.errors import ConflictError, NotFoundError
 
-if TYPE_CHECKING:
-    from mcp_knecht.ai.runtime import AiRuntime
+
+class Runtime(Protocol):
+    """What the service uses of `AiRuntime` (declared here, so that the two modules need not import
+    each other)."""
+
+    db: Database
+    instance: str
+    models: ModelResolver
+    scrub: Callable[[str], str]
+
+    @property
+    def serves_diagnosis(self) -> bool: ...
+
+    async def run_feature(self, feature: Feature[Output], prompt: str, actor: Actor) -> FeatureResult[Output]: ...
+
+    def start_soon(self, function: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> bool: ...
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +92,7 @@ def _now() -> str:
 
 
 class DiagnosisService:
-    def __init__(self, runtime: AiRuntime) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self._db = runtime.db
 
@@ -84,6 +101,8 @@ class DiagnosisService:
 
     async def _failed_run(self, run_id: int) -> list[int]:
         """The run's action ids; refuses runs that do not exist or did not fail."""
+        if not self._runtime.serves_diagnosis:
+            raise NotFoundError("This server serves no CI runs (the Knecht toolset is not loaded).")
         run = await self._db.fetch_one("SELECT status FROM runs WHERE id = ?", (run_id,))
         if run is None:
             raise NotFoundError(f"Run {run_id} does not exist.")

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel
 
 from mcp_knecht.ai.settings import Role
+from mcp_knecht.core.tools import Source, feature_source
 
 Output = TypeVar("Output", bound=BaseModel)
 
@@ -40,9 +41,9 @@ class Feature(Generic[Output]):
             raise ValueError(f"Feature id {self.id!r}: use letters, digits and '-'")
 
     @property
-    def source(self) -> str:
-        """The audit source of every tool call this feature makes."""
-        return f"feature:{self.id}"
+    def source(self) -> Source:
+        """The source of every tool call this feature makes (`feature:<id>` in the audit log)."""
+        return feature_source(self.id)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from mcp_knecht.ai.feature import FeatureResult
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.store.database import Database, Row
+from mcp_knecht.core.database import Database, Row
 
 
 async def record_feature_run(

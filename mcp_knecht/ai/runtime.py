@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from mcp_knecht.ai.diagnosis import DiagnosisService
+from mcp_knecht.ai.diagnosis import FAILURE_DIAGNOSIS, DiagnosisService
 from mcp_knecht.ai.errors import FeatureError, FeatureUnavailable
 from mcp_knecht.ai.feature import Feature, FeatureResult, Output
 from mcp_knecht.ai.models import ModelResolver
@@ -26,10 +26,14 @@ from mcp_knecht.ai.records import record_feature_run
 from mcp_knecht.ai.settings import AiSettings
 from mcp_knecht.ai.worker import DiagnosisWorker
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.database import Database
 from mcp_knecht.core.gate import Gate
-from mcp_knecht.core.proposals import timestamp
+from mcp_knecht.core.schema import Migrations
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.store.database import Database
+
+AI_MIGRATIONS = Migrations("ai", "mcp_knecht.ai")
+"""`ai_feature_runs` and `run_diagnoses` (mcp_knecht/ai/sql/<dialect>/)."""
 
 
 class AiRuntime:
@@ -53,6 +57,11 @@ class AiRuntime:
         if secrets is not None:
             secrets.add(settings.secret_values())
         return cls(settings, gate=gate, db=db, scrub=secrets if secrets is not None else (lambda text: text))
+
+    @property
+    def serves_diagnosis(self) -> bool:
+        """True when the gate serves the failure diagnosis's tools (the Knecht toolset is loaded)."""
+        return all(name in self.gate.registry for name in FAILURE_DIAGNOSIS.tools)
 
     async def run_feature(self, feature: Feature[Output], prompt: str, actor: Actor) -> FeatureResult[Output]:
         """`runAiFeature`: the feature's model role, the loop over the gate, and a record of the run."""
@@ -89,7 +98,7 @@ class AiRuntime:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
-                if auto_diagnose and self.settings.auto_diagnose_on:
+                if auto_diagnose and self.settings.auto_diagnose_on and self.serves_diagnosis:
                     tasks.start_soon(self.worker.run)
                 await anyio.sleep_forever()
         finally:

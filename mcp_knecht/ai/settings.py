@@ -1,9 +1,13 @@
-"""Every setting of the AI layer, read in one place (`load_ai_settings`), from the environment
-(which wins) and `[models]` in `<config dir>/knecht.toml`.
+"""The AI layer's view of the settings: model roles, providers, their keys and endpoints.
+
+The `KNECHT_*` variables are declared and read in `mcp_knecht.core.settings` (the settings table);
+this module checks the roles (`provider:model`), adds `[models]` from `<config dir>/knecht.toml`
+(the environment wins), and takes the providers' own variables, which their SDKs document:
 
     KNECHT_MODEL_DEFAULT      provider:model of the "default model"        e.g. anthropic:claude-opus-4-7
     KNECHT_MODEL_FAST         provider:model of the "subtask model"        falls back to the default
     KNECHT_AUTO_DIAGNOSE      0 turns the automatic diagnosis of failed runs off (on when a model is set)
+    KNECHT_MODEL_TIMEOUT      seconds per model request (default 60)
     ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL       anthropic
     OPENAI_API_KEY, OPENAI_BASE_URL             openai
     GOOGLE_API_KEY, GOOGLE_GEMINI_BASE_URL      google (the base URL is the google-genai SDK's own variable)
@@ -11,10 +15,8 @@
                                                 https://api.langdock.com, region eu)
     KNECHT_OPENAI_COMPATIBLE_BASE_URL, KNECHT_OPENAI_COMPATIBLE_API_KEY  openai-compatible (Ollama, vLLM,
                                                 LiteLLM, any gateway speaking Chat Completions)
-    KNECHT_MODEL_TIMEOUT      seconds per model call (default 60)
 
 Keys come from the environment only, never from a file; `secret_values()` hands them to the scrubber.
-This module is the one to fold into the server's settings table (issue 9) as it stands.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from mcp_knecht.core.settings import Settings
 from mcp_knecht.errors import ConfigError
 
 Role = Literal["default", "fast"]
@@ -32,8 +35,6 @@ PROVIDERS = ("anthropic", "openai", "google", "langdock", "openai-compatible")
 
 MODEL_DEFAULT_ENV = "KNECHT_MODEL_DEFAULT"
 MODEL_FAST_ENV = "KNECHT_MODEL_FAST"
-AUTO_DIAGNOSE_ENV = "KNECHT_AUTO_DIAGNOSE"
-MODEL_TIMEOUT_ENV = "KNECHT_MODEL_TIMEOUT"
 ROLE_ENV: dict[Role, str] = {"default": MODEL_DEFAULT_ENV, "fast": MODEL_FAST_ENV}
 
 LANGDOCK_DEFAULT_BASE_URL = "https://api.langdock.com"
@@ -47,7 +48,6 @@ PROVIDER_ENV: dict[str, tuple[str, str]] = {
     "langdock": ("LANGDOCK_API_KEY", "KNECHT_LANGDOCK_BASE_URL"),
     "openai-compatible": ("KNECHT_OPENAI_COMPATIBLE_API_KEY", "KNECHT_OPENAI_COMPATIBLE_BASE_URL"),
 }
-LANGDOCK_REGION_ENV = "KNECHT_LANGDOCK_REGION"
 
 
 @dataclass(frozen=True)
@@ -132,55 +132,37 @@ def _file_models(config_dir: Path | None) -> dict[str, tuple[str, str]]:
     return {key: (value, f"{path}: models.{key}") for key, value in models.items()}
 
 
-def _role(env: Mapping[str, str], file: dict[str, tuple[str, str]], role: Role) -> ModelSpec | None:
-    if value := env.get(ROLE_ENV[role], "").strip():
+def _role(settings: Settings, file: dict[str, tuple[str, str]], role: Role) -> ModelSpec | None:
+    value = settings.model_default if role == "default" else settings.model_fast
+    if value and value.strip():
         return parse_model(value, ROLE_ENV[role])
     if role in file and file[role][0].strip():
         return parse_model(*file[role])
     return None
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError(f"{name}: expected 0 or 1, got {raw!r}.")
+def load_ai_settings(settings: Settings) -> AiSettings:
+    file = _file_models(settings.config_dir)
+    env = settings.env
+    configured = {  # what the settings table read, for the providers whose variables are ours
+        "KNECHT_LANGDOCK_BASE_URL": settings.langdock_base_url,
+        "KNECHT_OPENAI_COMPATIBLE_BASE_URL": settings.openai_compatible_base_url,
+        "KNECHT_OPENAI_COMPATIBLE_API_KEY": settings.openai_compatible_api_key,
+    }
 
+    def value(name: str) -> str | None:  # the providers' own variables (ANTHROPIC_API_KEY, …) as their SDKs read them
+        found = configured[name] if name in configured else env.get(name)
+        return (found or "").strip() or None
 
-def _timeout(env: Mapping[str, str]) -> float:
-    raw = env.get(MODEL_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise ConfigError(f"{MODEL_TIMEOUT_ENV}: expected seconds between 0 and 3600, got {raw!r}.")
-    return value
-
-
-def load_ai_settings(env: Mapping[str, str], config_dir: Path | None = None) -> AiSettings:
-    file = _file_models(config_dir)
     providers = {
-        name: ProviderAccess(
-            api_key=env.get(key_env, "").strip() or None,
-            base_url=env.get(url_env, "").strip() or None,
-            key_env=key_env,
-            base_url_env=url_env,
-        )
+        name: ProviderAccess(api_key=value(key_env), base_url=value(url_env), key_env=key_env, base_url_env=url_env)
         for name, (key_env, url_env) in PROVIDER_ENV.items()
     }
-    region = env.get(LANGDOCK_REGION_ENV, "").strip().lower() or "eu"
     return AiSettings(
-        default=_role(env, file, "default"),
-        fast=_role(env, file, "fast"),
-        auto_diagnose=_flag(env, AUTO_DIAGNOSE_ENV, True),
-        timeout=_timeout(env),
+        default=_role(settings, file, "default"),
+        fast=_role(settings, file, "fast"),
+        auto_diagnose=settings.auto_diagnose,
+        timeout=settings.model_timeout,
         providers=providers,
-        langdock_region=region,
+        langdock_region=settings.langdock_region.strip().lower() or "eu",
     )

@@ -17,8 +17,8 @@ import anyio
 
 from mcp_knecht.ai import diagnoses
 from mcp_knecht.ai.diagnosis import WORKER_ACTOR, DiagnosisService
-from mcp_knecht.core.proposals import timestamp
-from mcp_knecht.store.database import Database
+from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.database import Database
 
 logger = logging.getLogger(__name__)
 

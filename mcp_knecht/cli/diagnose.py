@@ -33,8 +33,8 @@ async def _diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
 
     from mcp_knecht.ai.diagnosis import DIAGNOSIS_SCOPES
     from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
     from mcp_knecht.core.actor import Actor
+    from mcp_knecht.core.settings import load_settings
     from mcp_knecht.errors import ConflictError, NotFoundError
 
     settings = load_settings(db=args.db, config=args.config)

@@ -1,5 +1,5 @@
 -- AI features (issue 14): one row per feature run (usage, cost), and the stored failure diagnosis
--- of each run. Kept in its own file so it can move into the AI layer's own migrations.
+-- of each run. Namespace `ai` (mcp_knecht.ai.runtime.AI_MIGRATIONS).
 CREATE TABLE ai_feature_runs (
     id            INTEGER PRIMARY KEY,
     feature       TEXT NOT NULL,
