@@ -4,6 +4,9 @@
     unavailable ─claim─▶ pending            (a model has been configured since)
     pending, lease over ─claim─▶ pending    (its worker stopped: restart, crash; at most MAX_ATTEMPTS)
 
+The table is the Knecht toolset's (knecht/sql/<dialect>/0004_run_diagnoses.sql: state per run,
+beside the runs); the AI layer writes it, `get_run` reads it.
+
 A claim is one `INSERT … ON CONFLICT DO NOTHING`, or one conditional `UPDATE` of a row that may
 be taken over: of any number of workers, processes or replicas exactly one sees a row change.
 Only the owner of a claim can finish it.

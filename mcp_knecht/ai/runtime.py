@@ -33,7 +33,8 @@ from mcp_knecht.core.schema import Migrations
 from mcp_knecht.core.scrub import SecretRegistry
 
 AI_MIGRATIONS = Migrations("ai", "mcp_knecht.ai")
-"""`ai_feature_runs` and `run_diagnoses` (mcp_knecht/ai/sql/<dialect>/)."""
+"""`ai_feature_runs` (mcp_knecht/ai/sql/<dialect>/). The diagnoses (`run_diagnoses`) are per-run state,
+declared by the Knecht toolset's own migrations beside its runs."""
 
 
 class AiRuntime:

@@ -16,45 +16,31 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from mcp_knecht.app import App
-from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenVerifier
-from mcp_knecht.errors import AuthError, ConflictError, NotFoundError
+from mcp_knecht.errors import ConflictError, NotFoundError
+from mcp_knecht.transports.decisions_api import ApiError, caller, error_response
 
 DIAGNOSIS_READ_SCOPES = ("runs:read", "logs:read")
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
-
-
-async def _actor(request: Request, verifier: TokenVerifier) -> Actor | JSONResponse:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    challenge = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
-    if scheme.lower() != "bearer" or not token.strip():
-        return _error(401, "unauthenticated", "Send Authorization: Bearer <token>.", {"WWW-Authenticate": "Bearer"})
-    try:
-        return await verifier.averify(token.strip())
-    except AuthError as exc:
-        return _error(401, "unauthenticated", exc.message, challenge)
-
-
 def ai_routes(app: App, verifier: TokenVerifier) -> list[Route]:
     async def run_diagnosis(request: Request) -> JSONResponse:
-        actor = await _actor(request, verifier)
-        if isinstance(actor, JSONResponse):
-            return actor
+        try:
+            actor = await caller(request, verifier)
+        except ApiError as exc:
+            return error_response(exc.status, exc.code, exc.message)
         missing = [scope for scope in DIAGNOSIS_READ_SCOPES if not actor.holds(scope)]
         if missing:
-            return _error(403, "insufficient_scope", f"This needs scope {' and '.join(missing)}.")
+            return error_response(403, "insufficient_scope", f"This needs scope {' and '.join(missing)}.")
         raw = request.path_params["run_id"]
         if not raw.isdigit() or int(raw) < 1:
-            return _error(400, "bad_request", f"A run id is a positive number, not {raw[:40]!r}.")
+            return error_response(400, "bad_request", f"A run id is a positive number, not {raw[:40]!r}.")
         try:
             shown = await app.ai.diagnoses.request(int(raw), actor, wait=False)
         except NotFoundError as exc:
-            return _error(404, "not_found", exc.message)
+            return error_response(404, "not_found", exc.message)
         except ConflictError as exc:
-            return _error(409, "not_failed", exc.message)
+            return error_response(409, "not_failed", exc.message)
         return JSONResponse(shown)
 
     return [Route("/api/runs/{run_id}/diagnosis", run_diagnosis, methods=["GET"])]
