@@ -290,7 +290,7 @@ async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict
             (actor.subject, TOOL),
         )
         progress("verifying the audit hash chain")
-        problems = await verify_chain(app.db)
+        problems = await verify_chain(app.db, app.audit.chain)
     results["audit"] = {
         "rows_written": row["n"] if row else 0,
         "gated_calls": gated_calls,

@@ -28,8 +28,12 @@ def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-d
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
     from mcp_knecht.cli.render import table
+    from mcp_knecht.core.policy_file import missing_or_empty
 
     settings, registry, policy = _registry_and_policy(args)
+    if (gone := missing_or_empty(settings.policy_file)) is not None:
+        print(f"mcp-knecht: warning: {gone}: the built-in defaults apply here, but a running server that loaded "
+              "a policy keeps its last good policy until the file is back.", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     for tool in sorted(registry, key=lambda t: t.name):
         for action in tool.actions or (None,):

@@ -70,16 +70,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "Mint a new one with: mcp-knecht token mint --sub $USER --profile claude-code"
             )
             return EXIT_USAGE
-        return anyio.run(_serve_stdio, settings, actor)
+        return anyio.run(_serve_stdio, settings, actor, token_settings.leeway_seconds)
     return anyio.run(_serve_http, settings, verifier, args)
 
 
-async def _serve_stdio(settings, actor) -> int:  # type: ignore[no-untyped-def]
+async def _serve_stdio(settings, actor, leeway_seconds: int) -> int:  # type: ignore[no-untyped-def]
     from mcp_knecht.app import open_app
     from mcp_knecht.transports.stdio import serve_stdio
 
     async with open_app(settings) as app:
-        await serve_stdio(app, actor)
+        await serve_stdio(app, actor, leeway_seconds=leeway_seconds)
     return EXIT_OK
 
 

@@ -76,6 +76,12 @@ class RerunRunInput(ToolInput):
         description="Leave empty: filled in when the call is proposed, so the approver sees the exact commit "
         "that will run. If given, it must equal what `ref` resolves to.",
     )
+    workflow_version: int | None = Field(
+        default=None,
+        ge=1,
+        description="Leave empty: the workflow's current version is filled in when the call is proposed, so "
+        "the approver sees which definition will run; execution refuses if the workflow changed since.",
+    )
 
 
 class CancelRunInput(ToolInput):
@@ -152,22 +158,28 @@ class RunTools:
                 f"commit_sha {args.commit_sha[:12]} is not what ref={args.ref!r} resolves to ({resolved[:12]}); "
                 "leave commit_sha empty."
             )
-        return args.model_copy(update={"commit_sha": resolved})
+        version = await current_version(self.db, run["workflow_id"])
+        if args.workflow_version is not None and args.workflow_version != version:
+            raise ConflictError(f"workflow_version {args.workflow_version} is not the workflow's current version "
+                                f"({version}); leave workflow_version empty.")
+        return args.model_copy(update={"commit_sha": resolved, "workflow_version": version})
 
     async def preview_rerun(self, args: RerunRunInput, ctx: ToolContext) -> dict[str, Any]:
         run = await run_row(self.db, args.run_id)
+        assert args.workflow_version is not None
         return {"run": summary(run),
-                "will_run": {"branch": run["branch"], "commit_sha": args.commit_sha, "ref": args.ref}}
+                "will_run": {"branch": run["branch"], "commit_sha": args.commit_sha, "ref": args.ref,
+                             **await definition_shown(self.db, run["workflow_id"], args.workflow_version)}}
 
     async def rerun(self, args: RerunRunInput, ctx: ToolContext) -> dict[str, Any]:
-        assert args.commit_sha is not None
+        assert args.commit_sha is not None and args.workflow_version is not None
         run = await run_row(self.db, args.run_id)
         if run["status"] in ACTIVE:
             raise ConflictError(f"Run {args.run_id} is {run['status']} again; not re-running it twice.")
         new = await queue_run(
-            self.db, workflow_id=run["workflow_id"], branch=run["branch"], commit_sha=args.commit_sha,
-            trigger="rerun", inputs=json.loads(run["inputs_json"] or "{}"), actor=ctx.actor.subject,
-            rerun_of=run["id"],
+            self.db, workflow_id=run["workflow_id"], version=args.workflow_version, branch=run["branch"],
+            commit_sha=args.commit_sha, trigger="rerun", inputs=json.loads(run["inputs_json"] or "{}"),
+            actor=ctx.actor.subject, rerun_of=run["id"],
         )
         return {"run": new, "next": f"Follow it with get_run(run_id={new['id']})."}
 
@@ -188,7 +200,7 @@ class RunTools:
                  handler=self.get_run, title="Get a run"),
             Tool(name="rerun_run", description=RERUN_RUN, scope="runs:write", input_model=RerunRunInput,
                  handler=self.rerun, effect="write", preview=self.preview_rerun, freeze=self.freeze_rerun,
-                 frozen_fields=("commit_sha",), title="Re-run a run"),
+                 frozen_fields=("commit_sha", "workflow_version"), title="Re-run a run"),
             Tool(name="cancel_run", description=CANCEL_RUN, scope="runs:write", input_model=CancelRunInput,
                  handler=self.cancel, effect="write", preview=self.preview_cancel, title="Cancel a run"),
         ]
@@ -350,10 +362,25 @@ def summary(row: Row) -> dict[str, Any]:
     return {key: row.get(key) for key in keys}
 
 
+async def current_version(db: Database, workflow_id: int) -> int:
+    row = await db.fetch_one("SELECT current_version FROM workflows WHERE id = ?", (workflow_id,))
+    if row is None:
+        raise NotFoundError(f"Workflow {workflow_id} does not exist.")
+    return int(row["current_version"])
+
+
+async def definition_shown(db: Database, workflow_id: int, version: int) -> dict[str, Any]:
+    """What a preview shows of the definition that will run: its version and its actions, in order."""
+    row = await db.fetch_one("SELECT definition FROM workflow_versions WHERE workflow_id = ? AND version = ?",
+                             (workflow_id, version))
+    return {"workflow_version": version, "actions": action_names(row["definition"]) if row else []}
+
+
 async def queue_run(
     db: Database,
     *,
     workflow_id: int,
+    version: int,
     branch: str,
     commit_sha: str,
     trigger: str,
@@ -361,7 +388,8 @@ async def queue_run(
     actor: str,
     rerun_of: int | None = None,
 ) -> dict[str, Any]:
-    """Insert a queued run of the workflow's current version, with its actions pending."""
+    """Insert a queued run of exactly `version` of the workflow (the version the approver saw), with its
+    actions pending; refused when the workflow has moved on since."""
     now = clock.timestamp()
     async with db.transaction() as tx:
         workflow = await tx.fetch_one(
@@ -371,6 +399,12 @@ async def queue_run(
         )
         if workflow is None:
             raise NotFoundError(f"Workflow {workflow_id} does not exist any more.")
+        if workflow["current_version"] != version:
+            raise ConflictError(
+                f"Workflow {workflow['name']!r} changed since it was proposed: version {version} was shown, version "
+                f"{workflow['current_version']} is current. Nothing was started; propose it again.",
+                details={"workflow_id": workflow_id, "proposed_version": version,
+                         "current_version": workflow["current_version"]})
         numbers = await tx.fetch_one("SELECT MAX(number) AS n FROM runs WHERE workflow_id = ?", (workflow_id,))
         number = int((numbers or {}).get("n") or 0) + 1
         await tx.execute(

@@ -39,6 +39,12 @@ class ProjectVariableInput(ToolInput):
         description="For set: whether the value is secret (never returned by any tool). A new variable "
         "defaults to not secret; an existing secret cannot be made non-secret.",
     )
+    previous: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Leave empty: for set and delete, the variable's state when the call is proposed ('absent', "
+        "or when it last changed) is filled in; execution refuses if it changed since.",
+    )
 
 
 # --- Description ---------------------------------------------------------------------------------
@@ -74,7 +80,10 @@ class VariableTools:
                 self._mask(value)
         elif existing is None:
             await require_variable(self.db, project["id"], project["slug"], name)
-        return args.model_copy(update={"project": project["slug"]})
+        state = _state(existing)
+        if args.previous is not None and args.previous != state:
+            raise ConflictError(f"{name} changed since you read it; leave `previous` empty.")
+        return args.model_copy(update={"project": project["slug"], "previous": state})
 
     async def preview(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
         project = await find_project(self.db, args.project)
@@ -98,9 +107,10 @@ class VariableTools:
             value = _value(args)
             if args.secret is not False:
                 self._mask(value)  # masked before the write can show up anywhere
-            result = await set_variable(self.db, project["id"], name, value, args.secret, ctx.actor.subject)
+            result = await set_variable(self.db, project["id"], name, value, args.secret, ctx.actor.subject,
+                                        previous=args.previous)
         else:
-            result = await delete_variable(self.db, project["id"], name)
+            result = await delete_variable(self.db, project["id"], name, previous=args.previous)
         if self.secrets is not None:
             self.secrets.update(await secret_values(self.db))
         return {"project": project["slug"], **result}
@@ -115,8 +125,21 @@ class VariableTools:
                  input_model=ProjectVariableInput, handler=self.project_variable,
                  action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
                  action_scopes={"set": "variables:write", "delete": "variables:write"},
-                 preview=self.preview, freeze=self.freeze, title="Project variables"),
+                 preview=self.preview, freeze=self.freeze, frozen_fields=("previous",), title="Project variables"),
         ]
+
+
+def _state(row: Row | None) -> str:
+    """What a set or delete was proposed against: 'absent', or when the variable last changed."""
+    return "absent" if row is None else str(row["updated_at"])
+
+
+def _refuse_if_changed(name: str, row: Row | None, previous: str | None) -> None:
+    if previous is not None and _state(row) != previous:
+        raise ConflictError(
+            f"Variable {name} changed since it was proposed (it was {previous}, it is {_state(row)} now); nothing "
+            "was changed. Read it again and propose again.",
+            details={"name": name, "proposed_against": previous, "now": _state(row)})
 
 
 def _name(args: ProjectVariableInput) -> str:
@@ -191,13 +214,16 @@ def check_secrecy(existing: Row | None, secret: bool | None) -> bool:
 
 
 async def set_variable(
-    db: Database, project_id: int, name: str, value: str, secret: bool | None, actor: str
+    db: Database, project_id: int, name: str, value: str, secret: bool | None, actor: str, *,
+    previous: str | None = None,
 ) -> dict[str, Any]:
+    """Create or change a variable; with `previous`, only if it is still in that state (no lost update)."""
     now = clock.timestamp()
     async with db.transaction() as tx:
         existing = await tx.fetch_one(
             "SELECT * FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)
         )
+        _refuse_if_changed(name, existing, previous)
         keep_secret = check_secrecy(existing, secret)
         if existing is None:
             await tx.execute(
@@ -218,8 +244,12 @@ async def set_variable(
     return {"created": existing is None, "variable": shown(row)}
 
 
-async def delete_variable(db: Database, project_id: int, name: str) -> dict[str, Any]:
+async def delete_variable(db: Database, project_id: int, name: str, *, previous: str | None = None) -> dict[str, Any]:
     async with db.transaction() as tx:
+        existing = await tx.fetch_one(
+            "SELECT * FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)
+        )
+        _refuse_if_changed(name, existing, previous)
         deleted = await tx.execute(
             "DELETE FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)
         )

@@ -19,7 +19,7 @@ from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.errors import ConflictError, InvalidArgumentsError, NotFoundError
 from mcp_knecht.knecht.definitions import action_names, check_definition, resolve_inputs
 from mcp_knecht.knecht.refs import branch_head, find_project
-from mcp_knecht.knecht.runs import CommitSha, queue_run
+from mcp_knecht.knecht.runs import CommitSha, definition_shown, queue_run
 
 # --- Inputs --------------------------------------------------------------------------------------
 
@@ -60,6 +60,12 @@ class DispatchWorkflowInput(ToolInput):
         default=None,
         description="Leave empty: the branch head is resolved when the call is proposed. If given, it must "
         "be the branch head.",
+    )
+    workflow_version: int | None = Field(
+        default=None,
+        ge=1,
+        description="Leave empty: the workflow's current version is filled in when the call is proposed, so "
+        "the approver sees which definition will run; execution refuses if the workflow changed since.",
     )
 
 
@@ -154,20 +160,27 @@ class WorkflowTools:
                 f"commit_sha {args.commit_sha[:12]} is not the head of {args.branch!r} ({head[:12]}); "
                 "leave commit_sha empty."
             )
-        return args.model_copy(update={"workflow": workflow["id"], "commit_sha": head, "inputs": inputs})
+        version = workflow["current_version"]
+        if args.workflow_version is not None and args.workflow_version != version:
+            raise ConflictError(f"workflow_version {args.workflow_version} is not the workflow's current version "
+                                f"({version}); leave workflow_version empty.")
+        return args.model_copy(update={"workflow": workflow["id"], "commit_sha": head, "inputs": inputs,
+                                       "workflow_version": version})
 
     async def preview_dispatch(self, args: DispatchWorkflowInput, ctx: ToolContext) -> dict[str, Any]:
         workflow = await find_workflow(self.db, args.workflow, args.project)
         project = await find_project(self.db, workflow["project_id"])
-        return {"project": project["slug"], "workflow": workflow["name"], "version": workflow["current_version"],
-                "branch": args.branch, "commit_sha": args.commit_sha, "inputs": dict(args.inputs)}
+        assert args.workflow_version is not None
+        return {"project": project["slug"], "workflow": workflow["name"], "version": args.workflow_version,
+                "branch": args.branch, "commit_sha": args.commit_sha, "inputs": dict(args.inputs),
+                "actions": (await definition_shown(self.db, workflow["id"], args.workflow_version))["actions"]}
 
     async def dispatch(self, args: DispatchWorkflowInput, ctx: ToolContext) -> dict[str, Any]:
-        assert args.commit_sha is not None
-        workflow, _, inputs = await self._dispatched(args)  # the declaration may have changed since
+        assert args.commit_sha is not None and args.workflow_version is not None and isinstance(args.workflow, int)
+        # Exactly the frozen inputs, of exactly the frozen version: queue_run refuses a changed workflow.
         new = await queue_run(
-            self.db, workflow_id=workflow["id"], branch=args.branch, commit_sha=args.commit_sha,
-            trigger="manual", inputs=inputs, actor=ctx.actor.subject,
+            self.db, workflow_id=args.workflow, version=args.workflow_version, branch=args.branch,
+            commit_sha=args.commit_sha, trigger="manual", inputs=dict(args.inputs), actor=ctx.actor.subject,
         )
         return {"run": new, "next": f"Follow it with get_run(run_id={new['id']})."}
 
@@ -208,7 +221,8 @@ class WorkflowTools:
                  input_model=GetWorkflowInput, handler=self.get_workflow, title="Get a workflow definition"),
             Tool(name="dispatch_workflow", description=DISPATCH_WORKFLOW, scope="workflows:write",
                  input_model=DispatchWorkflowInput, handler=self.dispatch, effect="write",
-                 preview=self.preview_dispatch, freeze=self.freeze_dispatch, frozen_fields=("commit_sha",),
+                 preview=self.preview_dispatch, freeze=self.freeze_dispatch,
+                 frozen_fields=("commit_sha", "workflow_version"),
                  title="Start a workflow"),
             Tool(name="update_workflow", description=UPDATE_WORKFLOW, scope="workflows:write",
                  input_model=UpdateWorkflowInput, handler=self.update, effect="write",

@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.canonical import canonical_json, sha256_hex
+from mcp_knecht.core.canonical import sha256_hex
 from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.errors import StoreError
@@ -43,6 +43,11 @@ _COLUMNS = (
     "proposal_id", "arguments_hash", "detail", "duration_ms",
 )
 _ENTRY_COLUMNS = tuple(c for c in _COLUMNS if c not in ("id", "detail"))
+_SORTED_COLUMNS = tuple(sorted(_COLUMNS))
+# The canonical JSON of a row's fields (core.canonical: sorted keys, compact, UTF-8) without sorting
+# each time: the fields are scalars, so a dict built in sorted key order encodes to the same text.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+VERIFY_BATCH = 5_000
 _INSERT = (
     f"INSERT INTO audit_log ({', '.join(_COLUMNS)}, prev_hash, hash) "
     f"VALUES ({', '.join('?' for _ in _COLUMNS)}, ?, ?)"
@@ -93,7 +98,7 @@ class AuditChain:
         self._keys = keys
 
     def _link(self, fields: dict[str, Any], prev_hash: str, *, keyed: bool) -> str:
-        text = prev_hash + canonical_json(fields)
+        text = prev_hash + _ENCODE({column: fields[column] for column in _SORTED_COLUMNS})
         return self._keys.mac("audit", text) if keyed else sha256_hex(text)
 
     def _signed(self, anchor: Anchor) -> Anchor:
@@ -137,14 +142,14 @@ class AuditChain:
         keyed_from = anchor.keyed_from if anchor else 1
         prev_hash, expected_id, count = GENESIS, 1, 0
         row: Row
-        async for row in db.stream(f"SELECT {', '.join(_COLUMNS)}, prev_hash, hash FROM audit_log ORDER BY id"):
+        async for row in db.stream(f"SELECT {', '.join(_COLUMNS)}, prev_hash, hash FROM audit_log ORDER BY id",
+                                   batch=VERIFY_BATCH):
             count += 1
             if row["id"] != expected_id:
                 yield ChainProblem(expected_id, f"rows {expected_id}..{row['id'] - 1} are missing")
             if row["prev_hash"] != prev_hash:
                 yield ChainProblem(row["id"], "does not link to the row before it (a row was deleted or edited)")
-            fields = {c: row[c] for c in _COLUMNS}
-            if self._link(fields, row["prev_hash"], keyed=row["id"] >= keyed_from) != row["hash"]:
+            if self._link(row, row["prev_hash"], keyed=row["id"] >= keyed_from) != row["hash"]:
                 yield ChainProblem(row["id"], "content does not match its hash (the row was edited, or the chain "
                                               "was recomputed without the server key)")
             prev_hash, expected_id = row["hash"], row["id"] + 1

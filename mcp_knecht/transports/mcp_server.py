@@ -63,7 +63,9 @@ _INTERNAL_ERROR = types.CallToolResult(
 )
 
 _NOT_AUTHENTICATED = types.CallToolResult(
-    content=[types.TextContent(type="text", text="Not authenticated: this request carries no valid token.")],
+    content=[types.TextContent(type="text", text=(
+        "Not authenticated: this request carries no valid token, or the session's token has expired. Mint a new "
+        "one (mcp-knecht token mint --sub NAME --profile claude-code) and reconnect with it."))],
     is_error=True,
 )
 
