@@ -11,8 +11,9 @@ per run, all audited), and stops the clock when every recent failure has a store
 time is nil, so this is what the worker, the gate, the store and the audit log cost per diagnosis.
 `--db postgresql://…` runs it on an empty PostgreSQL database instead of a temporary SQLite file.
 
-Printed: the median wall time and diagnoses/s per concurrency over `--repeats` rounds, and the
-speed-up against concurrency 1.
+Printed: the median wall time and diagnoses/s per concurrency over `--repeats` rounds, the
+speed-up against concurrency 1, and the process's CPU time per diagnosis (all threads; on a shared
+machine the steadier figure).
 """
 
 from __future__ import annotations
@@ -63,14 +64,14 @@ async def prepare(url: str, failures: int) -> None:
         await db.close()
 
 
-async def round_(app: App, failures: int, concurrency: int) -> float:
+async def round_(app: App, failures: int, concurrency: int) -> tuple[float, float]:
     async with app.db.transaction() as tx:
         await tx.execute("DELETE FROM run_diagnoses")
         await tx.execute("DELETE FROM ai_feature_runs")
     runtime = AiRuntime(SETTINGS, gate=app.gate, db=app.db, scrub=app.secrets,
                         models=ModelResolver(SETTINGS, fixed=scripted_diagnoser()),
                         worker_options={"concurrency": concurrency, "interval": 0.05})
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(runtime.run)
         while True:
@@ -78,11 +79,11 @@ async def round_(app: App, failures: int, concurrency: int) -> float:
             row = await app.db.fetch_one("SELECT COUNT(*) AS n FROM run_diagnoses WHERE status = 'done'")
             if row is not None and row["n"] >= failures:
                 break
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - started_cpu
         tasks.cancel_scope.cancel()
     failed = await app.db.fetch_one("SELECT COUNT(*) AS n FROM run_diagnoses WHERE status <> 'done'")
     assert failed is not None and failed["n"] == 0, "every diagnosis must succeed"
-    return elapsed
+    return elapsed, cpu
 
 
 async def main() -> None:
@@ -101,14 +102,17 @@ async def main() -> None:
         rows: list[dict[str, Any]] = []
         async with open_app(load_settings(env=env), watch_policy=True) as app:
             for concurrency in args.concurrency:
-                times = []
+                times, cpus = [], []
                 for _ in range(args.repeats):
                     print(f"[bench] concurrency {concurrency}", file=sys.stderr)
-                    times.append(await round_(app, args.failures, concurrency))
+                    elapsed, cpu = await round_(app, args.failures, concurrency)
+                    times.append(elapsed)
+                    cpus.append(cpu)
                 median = statistics.median(times)
                 rows.append({"concurrency": concurrency, "seconds": round(median, 3),
                              "diagnoses_per_second": round(args.failures / median, 1),
-                             "ms_per_diagnosis": round(median / args.failures * 1000, 3)})
+                             "ms_per_diagnosis": round(median / args.failures * 1000, 3),
+                             "cpu_ms_per_diagnosis": round(statistics.median(cpus) / args.failures * 1000, 3)})
     for row in rows:
         row["speedup"] = round(rows[0]["seconds"] / row["seconds"], 2)
     if args.json:
@@ -116,10 +120,11 @@ async def main() -> None:
         return
     print(f"{args.failures} failed runs, {'PostgreSQL' if args.db else 'SQLite'}, scripted model"
           f" (median of {args.repeats})")
-    print(f"{'concurrency':>11} {'seconds':>8} {'diagnoses/s':>12} {'ms/diagnosis':>13} {'speed-up':>9}")
+    print(f"{'concurrency':>11} {'seconds':>8} {'diagnoses/s':>12} {'ms/diagnosis':>13} {'speed-up':>9}"
+          f" {'CPU ms/diagnosis':>17}")
     for row in rows:
         print(f"{row['concurrency']:>11} {row['seconds']:>8} {row['diagnoses_per_second']:>12} "
-              f"{row['ms_per_diagnosis']:>13} {row['speedup']:>9}")
+              f"{row['ms_per_diagnosis']:>13} {row['speedup']:>9} {row['cpu_ms_per_diagnosis']:>17}")
 
 
 if __name__ == "__main__":
