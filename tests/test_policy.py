@@ -89,7 +89,8 @@ async def test_deny_hides_auto_runs_at_once_and_the_default_stages(connect, app:
         ("[tools]\nmemo = 'sometimes'", "tools.memo = 'sometimes': unknown value"),
         ("[policy]\ndefault = 'yes'", "policy.default = 'yes': unknown value"),
         ("[policy]\nfallback = 'auto'", "policy.fallback: unknown key"),
-        ("[rules]\nmemo = 'auto'", "unknown key 'rules'"),
+        ("[limits]\nmemo = 'auto'", "unknown key 'limits'"),
+        ("[rules]\nmemo = 'auto'", "rules must be a list of tables, each written as [[rules]]"),
         ("[tools]\n'list_runs.get' = 'auto'", "list_runs has no action 'get'"),
     ],
 )
