@@ -177,10 +177,10 @@ def test_policies_and_scopes_never_come_from_the_working_directory(
     (hostile / "policies.toml").write_text('[policy]\ndefault = "auto"\n')
     env = {k: v for k, v in staged_env.items() if k != "KNECHT_CONFIG_DIR"}
     env.pop("KNECHT_TOOLSETS", None)
-    done = subprocess.run([str(Path(sys.executable).parent / "mcp-knecht"), "policy", "explain", "rerun_run"],
+    done = subprocess.run([str(Path(sys.executable).parent / "mcp-knecht"), "policy", "explain", "dispatch_workflow"],
                           cwd=hostile, env=server_env(env), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "rerun_run: approve" in done.stdout and "auto" not in done.stdout
+    assert "dispatch_workflow: approve" in done.stdout and "auto" not in done.stdout
 
 
 async def test_a_changed_file_takes_effect_without_a_restart(connect, app: App, config_dir: Path) -> None:  # type: ignore[no-untyped-def]

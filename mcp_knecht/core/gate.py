@@ -164,7 +164,7 @@ class Gate:
         decision = self._policy().settled(tool, action, actor)
         if decision is not None and decision.mode == "deny":
             return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
-        frozen = await self._freeze(actor, tool, validated, source)
+        frozen = await self.freeze(actor, tool, validated, source)
         if isinstance(frozen, GateResult):
             return self._finish(actor, source, started, frozen, name, action, decision)
         if decision is None:
@@ -202,17 +202,24 @@ class Gate:
         one, the tool's facts (`Tool.facts`). Shared by the gate and the executor of approved
         proposals (which re-checks that the call is not denied now)."""
         policy = self._policy()
-        names = policy.names(tool, action)
-        values: dict[str, Any] = {name: getattr(arguments, name, None) for name in names}
-        if tool.facts is not None and not names.isdisjoint(tool.fact_fields):
+        values = await self.rule_values(actor, tool, arguments, source=source, names=policy.names(tool, action))
+        return values if isinstance(values, GateResult) else policy.decide(tool, action, values, actor)
+
+    async def rule_values(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source,
+                          names: frozenset[str] | None = None) -> dict[str, Any] | GateResult:
+        """What rules see of a frozen call: its arguments, with the tool's facts over them — only
+        `names` (the facts are looked up only when one of them is a fact), or everything."""
+        wanted = names if names is not None else frozenset(tool.rule_fields)
+        values: dict[str, Any] = {name: getattr(arguments, name, None) for name in tool.rule_fields if name in wanted}
+        if tool.facts is not None and not wanted.isdisjoint(tool.fact_fields):
             try:
                 facts = await tool.facts(arguments, ToolContext(actor=actor, source=source))
             except ToolError as exc:
                 return self._tool_error("failed", exc)
             except Exception:
                 return _internal_error(tool.name, "deciding on")
-            values.update({name: facts[name] for name in names if name in facts})
-        return policy.decide(tool, action, values, actor)
+            values.update({name: facts[name] for name in wanted if name in facts})
+        return values
 
     def _look_up(self, actor: Actor, name: object) -> Tool | None:
         tool = self.registry.get(name) if isinstance(name, str) else None
@@ -223,7 +230,7 @@ class Gate:
     def _forbidden(self, name: str) -> GateResult:
         return _error("forbidden", UnknownToolError(str(name)[:_MAX_AUDITED_NAME]))
 
-    async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
+    async def freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
         """The arguments with everything decided now filled in (`Tool.freeze`), validated again."""
         if tool.freeze is None:
             return validated

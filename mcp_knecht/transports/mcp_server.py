@@ -15,6 +15,7 @@ from mcp_knecht import __version__
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate, GateResult
+from mcp_knecht.core.policy_text import staging_note
 from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.tools import MCP, Tool
 from mcp_knecht.errors import KnechtError
@@ -25,13 +26,9 @@ logger = logging.getLogger(__name__)
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
 
 
-def _mcp_tool(tool: Tool, staged: bool) -> types.Tool:
-    description = tool.description
-    if staged:
-        description += (
-            "\n\nThis tool is staged: calling it submits a proposal for human approval and returns "
-            "'Submitted for approval (#ID)' immediately; it does not run until an operator approves it."
-        )
+def _mcp_tool(tool: Tool, staged: str | None) -> types.Tool:
+    """`staged`: what the policy makes of calling it (`policy_text.staging_note`), if anything."""
+    description = tool.description + (f"\n\n{staged}" if staged else "")
     annotations = tool.annotations()
     return types.Tool(
         name=tool.name,
@@ -94,10 +91,7 @@ def build_mcp_server(
         if actor is None:
             return types.ListToolsResult(tools=[])
         policy = gate.policy()
-        tools = [
-            _mcp_tool(tool, staged=any(policy.decide(tool, a).mode == "approve" for a in (tool.actions or (None,))))
-            for tool in gate.visible_tools(actor)
-        ]
+        tools = [_mcp_tool(tool, staging_note(policy, tool, actor)) for tool in gate.visible_tools(actor)]
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(
