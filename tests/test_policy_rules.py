@@ -122,6 +122,20 @@ decision = "auto"
     assert not policy.hides(SETTING, caller("alice"))  # setting.set is approved
 
 
+def test_the_index_by_value_keeps_file_order() -> None:
+    """Rules testing one argument against exact values are looked up by that value; rules that do not
+    (a glob, another argument) stay candidates for every value, in their place."""
+    text = "".join(f'[[rules]]\ntool = "deploy"\nwhen = {{ {when} }}\ndecision = "{mode}"\n' for when, mode in [
+        ('branch = "main"', "deny"), ('branch = "ma*"', "auto"), ('branch = "main"', "approve"),
+        ('branch = ["x", "main"], replicas = 2', "approve"), ("replicas = 3", "deny"), ('branch = "y"', "auto")])
+    policy = parse_policy(text, PATH, TOOLS)
+    for values, number in [({"branch": "main"}, 1), ({"branch": "mast"}, 2), ({"branch": "x", "replicas": 2}, 4),
+                           ({"branch": "x", "replicas": 3}, 5), ({"branch": "y", "replicas": 3}, 5),
+                           ({"branch": "y"}, 6), ({"replicas": 3}, 5)]:
+        assert f"rule {number}:" in policy.decide(DEPLOY, None, values).rule, values
+    assert policy.decide(DEPLOY, None, {"branch": "z"}).rule == "built-in: write effects are approve"
+
+
 @pytest.mark.parametrize(("when", "values", "matches"), [
     ('{ branch = "release/*" }', {"branch": "release/"}, True),
     ('{ branch = "release/*" }', {"branch": "release/2/hotfix"}, True),  # * spans slashes
@@ -298,7 +312,7 @@ conditions = st.fixed_dictionaries({}, optional={
 @st.composite
 def rule_lists(draw: st.DrawFn) -> list[dict[str, Any]]:
     rules = []
-    for _ in range(draw(st.integers(0, 8))):
+    for _ in range(draw(st.integers(0, 12))):
         tool = draw(st.sampled_from(["deploy", "delete_*", "*", "setting"]))
         rule: dict[str, Any] = {"tool": tool, "decision": draw(st.sampled_from(["auto", "approve", "deny"]))}
         if tool == "setting":

@@ -8,11 +8,13 @@
 
 Decisions are data with a reason: each names the rule that produced it, so `policy explain` and
 the audit log can say why a call ran, was staged, or was refused. Rules are indexed by call (tool
-and action) on first use, so a decision looks only at the rules of its own tool.
+and action) on first use, so a decision looks only at the rules of its own tool — and there at
+bit masks per argument value, not at each rule (`_Entry`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +50,95 @@ class Case:
     """True when it applies to every call that reaches it (no `when`, the caller known to match)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """What the index holds for one call (tool and action)."""
+Pair = tuple[Rule, Decision]
+_CACHED = 4096
+"""Per call and argument, how many distinct values keep their match masks (then the cache restarts)."""
 
-    rules: tuple[tuple[Rule, Decision], ...]
-    fallback: Decision
-    names: frozenset[str]
+
+class _Values:
+    """For one argument (or fact) of one call: which rules accept a value of it, as a bit mask."""
+
+    __slots__ = ("_cache", "_exact", "_globs", "_lengths", "untested")
+
+    def __init__(self, name: str, rules: tuple[Pair, ...]) -> None:
+        every = (1 << len(rules)) - 1
+        tested = 0
+        self._exact: dict[tuple[str, object], int] = {}
+        self._globs: dict[str, list[tuple[int, re.Pattern[str]]]] = {}
+        for i, (rule, _) in enumerate(rules):
+            for condition in rule.when:
+                if condition.name != name:
+                    continue
+                tested |= 1 << i
+                for value in condition.values:
+                    if isinstance(value, str) and "*" in value:
+                        prefix = value.split("*", 1)[0]
+                        self._globs.setdefault(prefix, []).append((1 << i, compile_glob(value)))
+                    elif (typed := _typed(value)) is not None:
+                        self._exact[typed] = self._exact.get(typed, 0) | 1 << i
+        self.untested = every & ~tested
+        self._lengths = sorted({len(prefix) for prefix in self._globs})
+        self._cache: dict[tuple[str, object], int] = {}
+
+    def accepting(self, value: object) -> int:
+        """The rules that accept `value`, and those that do not test this argument at all."""
+        typed = _typed(value)
+        if typed is None:  # missing, null or not a scalar: no rule testing it matches
+            return self.untested
+        found = self._cache.get(typed)
+        if found is None:
+            found = self.untested | self._exact.get(typed, 0)
+            if isinstance(value, str):
+                # A glob can only match a value that starts with its literal prefix.
+                for length in self._lengths:
+                    for bit, pattern in self._globs.get(value[:length], ()) if length <= len(value) else ():
+                        if not found & bit and pattern.fullmatch(value):
+                            found |= bit
+            if len(self._cache) >= _CACHED:
+                self._cache.clear()
+            self._cache[typed] = found
+        return found
+
+
+class _Entry:
+    """What the index holds for one call (tool and action): its rules in file order, and what
+    finds the first that matches without trying them one by one.
+
+    Rule i is bit i of a mask. Per argument the rules test, a value's mask holds the rules whose
+    condition on it accepts the value (exact values by a dictionary, globs only where the value
+    starts with their literal prefix), and the rules with no condition on it; per caller, the rules
+    whose subject and client globs accept it. The rules that match a call are the AND of its masks,
+    and the first of them is the lowest bit. Masks of values and callers once seen are kept, so a
+    decision costs a few dictionary look-ups and ANDs, however many rules there are."""
+
+    __slots__ = ("_callers", "_values", "fallback", "names", "rules")
+
+    def __init__(self, rules: tuple[Pair, ...], fallback: Decision) -> None:
+        self.rules = rules
+        self.fallback = fallback
+        self.names: frozenset[str] = frozenset().union(*(rule.names for rule, _ in rules))
+        self._values = tuple((name, _Values(name, rules)) for name in sorted(self.names))
+        self._callers: dict[tuple[str | None, str | None], int] = {}
+
+    def first(self, values: Mapping[str, Any], subject: str | None, client: str | None) -> Decision | None:
+        mask = self._callers.get((subject, client))
+        if mask is None:
+            mask = self._caller_mask(subject, client)
+        for name, index in self._values:
+            if not mask:
+                return None
+            mask &= index.accepting(values.get(name))
+        return self.rules[(mask & -mask).bit_length() - 1][1] if mask else None
+
+    def _caller_mask(self, subject: str | None, client: str | None) -> int:
+        mask = 0
+        for i, (rule, _) in enumerate(self.rules):
+            if rule.matches_caller(subject, client):
+                mask |= 1 << i
+        if len(self._callers) >= _CACHED:
+            self._callers.clear()
+        self._callers[(subject, client)] = mask
+        return mask
 
 
 @dataclass(frozen=True)
@@ -76,11 +160,9 @@ class Policy:
         rule on subject or client matches nothing."""
         entry = self._entry(tool, action)
         if entry.rules:
-            given = values if values is not None else {}
             subject, client = (caller.subject, caller.client) if caller is not None else (None, None)
-            for rule, decision in entry.rules:
-                if rule.matches(given, subject, client):
-                    return decision
+            if (decision := entry.first(values if values is not None else {}, subject, client)) is not None:
+                return decision
         return entry.fallback
 
     def settled(self, tool: Tool, action: str | None, caller: Actor | None) -> Decision | None:
@@ -124,7 +206,7 @@ class Policy:
         if entry is None:
             rules = tuple((rule, self._from_rule(rule)) for rule in self.rule_list
                           if _applies(rule, tool.name, action))
-            entry = _Entry(rules, self._fallback(tool, action), frozenset().union(*(r.names for r, _ in rules)))
+            entry = _Entry(rules, self._fallback(tool, action))
             self._index[key] = entry
         return entry
 
@@ -141,6 +223,15 @@ class Policy:
             return Decision(self.default, f"{self.origin}: default")
         effect = tool.effect_of(action)
         return Decision(BUILT_IN[effect], f"built-in: {effect} effects are {BUILT_IN[effect]}")
+
+
+def _typed(value: object) -> tuple[str, object] | None:
+    """A value as a key that keeps `true` apart from `1` (and `1` together with `1.0`)."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    return ("text", value) if isinstance(value, str) else None
 
 
 def _applies(rule: Rule, tool: str, action: str | None) -> bool:

@@ -138,10 +138,10 @@ class Rule:
         return self.client is None or (client is not None and self.client.matches(client))
 
     def matches(self, values: Mapping[str, Any], subject: str | None, client: str | None) -> bool:
-        """The tool and action are matched by the index that hands this rule out."""
-        if (self.subject is not None or self.client is not None) and not self.matches_caller(subject, client):
-            return False
-        return all(condition.matches(values.get(condition.name)) for condition in self.when)
+        """Whether this rule matches a call of its tool (and action) with these rule-visible values,
+        by this caller. (`Policy.decide` finds the first match by bit masks; this is the definition.)"""
+        return self.matches_caller(subject, client) and all(
+            condition.matches(values.get(condition.name)) for condition in self.when)
 
     def covers(self, later: Rule) -> bool:
         """True when this rule matches every call `later` matches (for calls of `later`'s tool):
