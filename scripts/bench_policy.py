@@ -12,10 +12,10 @@
    Masks per argument value are kept once worked out; "a value never seen before" times the first
    sight of a value: exact values are one look-up, a glob is tried only on values that start with
    its literal prefix — the worst case is 1,000 globs that all share the prefix of a new value.
-3. The gate, in memory through the SDK client (scripts/bench_gate.py's method: alternating batches,
-   `get_project` against a bare SDK server calling the same handler): the ratio with the built-in
-   policy and with the 1,000 rules (100 of them on `get_project`, so each call is decided on its
-   arguments, after freezing). Unchanged within noise is the target.
+3. The gate, in memory through the SDK client (scripts/bench_gate.py's method, `get_project`): a bare
+   SDK server calling the same handler, the gate with the built-in policy, and the gate with the
+   1,000 rules (100 of them on `get_project`, so each call is decided on its arguments), in rotating
+   batches in one process. Target: the ratio to the bare SDK unchanged within noise.
 
     python scripts/bench_policy.py                  # ~1 minute on 2 cores
     python scripts/bench_policy.py --rules 1000 --calls 4000 --json
@@ -174,19 +174,65 @@ def _config(folder: Path, policy: str) -> Path:
 
 
 async def _gate(env: dict[str, str], calls: int, warmup: int) -> dict[str, Any]:
+    """bare SDK · gate with the built-in policy · gate with the rules, in rotating batches, one app."""
+    from mcp import Client
+
     from mcp_knecht.app import open_app
+    from mcp_knecht.core.gate import Gate
+    from mcp_knecht.core.policy import Policy
     from mcp_knecht.core.settings import load_settings
+    from mcp_knecht.core.tools import ToolContext
+    from mcp_knecht.transports.mcp_server import build_mcp_server
 
     _, actor = bench_gate.mint(env, "bench", "readonly")
     async with open_app(load_settings(env=env)) as app:
         arguments = await bench_gate.default_arguments(app)
         tool = app.registry.get(bench_gate.TOOL)
-        rules_on_call = len(app.policy()._entry(tool, None).rules)
-        result, _ = await bench_gate.in_memory(app, actor, arguments, "auto", calls, warmup)
-    return {**result, "rules_on_the_call": rules_on_call, "rules": len(app.policy().rule_list)}
+        policy = app.policy()
+        rules_on_call = len(policy._entry(tool, None).rules)
+        plain = Gate(app.registry, app.audit, policy=Policy, scrub=app.secrets,
+                     hash_arguments=app.gate.hash_arguments)
+        servers = {
+            "bare": bench_gate.build_bare_server(tool, tool.input_model.model_validate(arguments),
+                                                 ToolContext(actor=actor, source="mcp")),
+            "no rules": build_mcp_server(plain, lambda ctx: actor),
+            "rules": build_mcp_server(app.gate, lambda ctx: actor),
+        }
+        async with Client(servers["bare"]) as bare, Client(servers["no rules"]) as no_rules, \
+                Client(servers["rules"]) as with_rules:
+            sides = [bench_gate.Side("bare", bare, None), bench_gate.Side("no rules", no_rules, app.audit.flush),
+                     bench_gate.Side("rules", with_rules, app.audit.flush)]
+            answers = [await side.client.call_tool(bench_gate.TOOL, arguments) for side in sides]
+            if any(a.is_error for a in answers) or len({json.dumps(a.structured_content) for a in answers}) != 1:
+                raise SystemExit(f"bench: the three answers differ: {answers}")
+            for side in sides:
+                await side.run(warmup, arguments, record=False)
+            rounds = max(1, calls // bench_gate.BATCH)
+            for i in range(rounds):
+                for side in sides[i % 3:] + sides[:i % 3]:
+                    await side.run(bench_gate.BATCH, arguments, record=True)
+    medians = {side.name: statistics.median(side.samples) / 1000 for side in sides}
+
+    def per_round(name: str, base: str) -> list[float]:
+        by = {side.name: side.samples for side in sides}
+        step = bench_gate.BATCH
+        return [statistics.median(by[name][i * step:(i + 1) * step])
+                / statistics.median(by[base][i * step:(i + 1) * step]) for i in range(rounds)]
+
+    rules_vs_plain = per_round("rules", "no rules")
+    return {
+        "calls_per_side": rounds * bench_gate.BATCH, "rules": len(policy.rule_list), "rules_on_the_call": rules_on_call,
+        "bare_median_us": round(medians["bare"], 1), "no_rules_median_us": round(medians["no rules"], 1),
+        "rules_median_us": round(medians["rules"], 1),
+        "ratio_no_rules": round(medians["no rules"] / medians["bare"], 3),
+        "ratio_rules": round(medians["rules"] / medians["bare"], 3),
+        "rules_over_no_rules": round(medians["rules"] / medians["no rules"], 3),
+        "rules_over_no_rules_round_median": round(statistics.median(rules_vs_plain), 3),
+        "errors": sum(side.errors for side in sides),
+    }
 
 
-def gate(count: int, calls: int, warmup: int) -> list[dict[str, Any]]:
+def gate(count: int, calls: int, warmup: int) -> dict[str, Any]:
     import secrets
 
     import anyio
@@ -197,17 +243,14 @@ def gate(count: int, calls: int, warmup: int) -> list[dict[str, Any]]:
     registry = Registry(knecht_tools(None))  # type: ignore[arg-type]
     on_call = "\n".join(_rule("get_project", f'project = "{PROJECTS[n]}"', decision="deny") for n in range(100))
     many = on_call + "\n" + spread_rules(count - 100, registry)
-    measured = []
     with tempfile.TemporaryDirectory(prefix="knecht-bench-policy-") as folder:
         tmp = Path(folder)
         env = bench_gate.bench_env(tmp, secrets.token_urlsafe(48))
         progress(f"demo data into {env['KNECHT_DATABASE_URL']}")
         anyio.run(bench_gate.fill_database, env["KNECHT_DATABASE_URL"])
-        for name, policy in (("built-in policy, no rules", ""), (f"{count:,} rules", many)):
-            env["KNECHT_CONFIG_DIR"] = str(_config(tmp / name.split()[0].replace(",", ""), policy))
-            progress(f"gate vs bare SDK, {name}: {calls} calls per side")
-            measured.append({"policy": name, **anyio.run(_gate, env, calls, warmup)})
-    return measured
+        env["KNECHT_CONFIG_DIR"] = str(_config(tmp / "config", many))
+        progress(f"bare SDK · gate without rules · gate with {count} rules: {calls} calls each, rotating batches")
+        return dict(anyio.run(_gate, env, calls, warmup))
 
 
 # --- report ------------------------------------------------------------------------------------------
@@ -222,13 +265,16 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"   {c['case']:<46} {c['rules_of_the_call']:>5} rules of the call  {c['median_us']:>8.2f} µs  "
               f"{'ok' if c['meets_target'] else 'MISSED'}")
     if report.get("gate"):
-        print("\n3. gate vs bare SDK, in-memory tools/call get_project, protocol 2026-07-28 (µs per call)")
-        for g in report["gate"]:
-            print(f"   {g['policy']:<28} gated {g['gated_median_us']:>7.1f}  bare {g['bare_median_us']:>7.1f}  "
-                  f"ratio {g['ratio']:.3f} (rounds {g['round_ratio_min']:.2f}..{g['round_ratio_max']:.2f})  "
-                  f"rules on the call {g['rules_on_the_call']}")
-        first, second = report["gate"]
-        print(f"   ratio with rules / without: {second['ratio'] / first['ratio']:.3f}")
+        g = report["gate"]
+        print(f"\n3. in-memory tools/call get_project through the SDK client, protocol 2026-07-28: µs per call "
+              f"(median of {g['calls_per_side']} each, rotating batches)")
+        print(f"   bare SDK                         {g['bare_median_us']:>8.1f}")
+        print(f"   gate, built-in policy (no rules) {g['no_rules_median_us']:>8.1f}   "
+              f"ratio to bare {g['ratio_no_rules']:.3f}")
+        print(f"   gate, {g['rules']:,} rules ({g['rules_on_the_call']} on this call, decided after freezing)"
+              f" {g['rules_median_us']:>8.1f}   ratio to bare {g['ratio_rules']:.3f}")
+        print(f"   rules / no rules: {g['rules_over_no_rules']:.3f} (median of per-round ratios "
+              f"{g['rules_over_no_rules_round_median']:.3f})")
     print(f"\ntotal {report['seconds']:.1f} s")
 
 
