@@ -182,7 +182,7 @@ async def explain_call(app: Any, tool: Tool, action: str | None, caller: Actor |
         values, note = dict(given), "taken as given: not a complete call, so nothing was validated or frozen"
     else:
         source = Source("feature", "policy-explain")
-        frozen = await app.gate.freeze(who, tool, validated, source)
+        frozen = await app.gate.freeze(who, tool, validated, source=source)
         if isinstance(frozen, GateResult):
             raise KnechtError(f"This call cannot be frozen, so the gate would refuse it: {frozen.text}")
         found = await app.gate.rule_values(who, tool, frozen, source=source)

@@ -164,7 +164,7 @@ class Gate:
         decision = self._policy().settled(tool, action, actor)
         if decision is not None and decision.mode == "deny":
             return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
-        frozen = await self.freeze(actor, tool, validated, source)
+        frozen = await self._freeze(actor, tool, validated, source)
         if isinstance(frozen, GateResult):
             return self._finish(actor, source, started, frozen, name, action, decision)
         if decision is None:
@@ -205,6 +205,10 @@ class Gate:
         values = await self.rule_values(actor, tool, arguments, source=source, names=policy.names(tool, action))
         return values if isinstance(values, GateResult) else policy.decide(tool, action, values, actor)
 
+    async def freeze(self, actor: Actor, tool: Tool, validated: BaseModel, *, source: Source) -> BaseModel | GateResult:
+        """A validated call frozen exactly as the gate freezes it (for `policy explain`)."""
+        return await self._freeze(actor, tool, validated, source)
+
     async def rule_values(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source,
                           names: frozenset[str] | None = None) -> dict[str, Any] | GateResult:
         """What rules see of a frozen call: its arguments, with the tool's facts over them — only
@@ -230,7 +234,7 @@ class Gate:
     def _forbidden(self, name: str) -> GateResult:
         return _error("forbidden", UnknownToolError(str(name)[:_MAX_AUDITED_NAME]))
 
-    async def freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
+    async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
         """The arguments with everything decided now filled in (`Tool.freeze`), validated again."""
         if tool.freeze is None:
             return validated
