@@ -58,6 +58,9 @@ class _NoAudit:
     def record(self, entry: object) -> None:
         pass
 
+    def accepting(self) -> bool:
+        return True
+
 
 async def _database(runs: int, seed: int) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from pydantic import Field
 from mcp_knecht.app import App, open_app
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.policy_file import PolicySource, parse_policy
-from mcp_knecht.core.policy_text import rule_warnings, staging_note
+from mcp_knecht.core.policy_text import policy_note, rule_warnings
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.settings import load_settings
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
@@ -223,10 +223,10 @@ async def test_a_reload_with_a_broken_rule_keeps_the_last_good_policy(
 
 def test_the_staged_note_says_which_arguments_stage_a_call() -> None:
     always = parse_policy("", PATH, TOOLS)
-    assert staging_note(always, DEPLOY, caller()) == (
+    assert policy_note(DEPLOY, always, caller()) == (
         "This tool is staged: calling it submits a proposal for human approval and returns "
         "'Submitted for approval (#ID)' immediately; it does not run until an operator approves it.")
-    assert staging_note(parse_policy('[tools]\ndeploy = "auto"', PATH, TOOLS), DEPLOY, caller()) is None
+    assert policy_note(DEPLOY, parse_policy('[tools]\ndeploy = "auto"', PATH, TOOLS), caller()) == ""
     sometimes = parse_policy("""
 [[rules]]
 tool = "deploy"
@@ -241,14 +241,14 @@ decision = "deny"
 [tools]
 deploy = "auto"
 """, PATH, TOOLS)
-    note = staging_note(sometimes, DEPLOY, caller())
-    assert note is not None and note.splitlines()[:3] == [
+    note = policy_note(DEPLOY, sometimes, caller())
+    assert note.splitlines()[:3] == [
         "Whether a call is staged depends on it; the first case that applies decides:",
         '- where target = "production": staged for human approval by 2 different operators (production)',
         "- any other call: runs at once",
     ]
     assert "intern" not in note  # rules on other callers are not this caller's business
-    assert "refused by policy" in (staging_note(sometimes, DEPLOY, caller("intern-jo")) or "")
+    assert "refused by policy" in policy_note(DEPLOY, sometimes, caller("intern-jo"))
 
 
 # --- the property: decide equals a straightforward reference ------------------------------------

@@ -36,7 +36,7 @@ async def propose(client, label: str = "deploy-1") -> int:  # type: ignore[no-un
     result = await client.call_tool("record_effect", {"label": label})
     assert not result.is_error, result.content[0].text
     proposal_id = result.structured_content["id"]
-    assert result.content[0].text == f"Submitted for approval (#{proposal_id})."
+    assert result.content[0].text.startswith(f"Submitted for approval (#{proposal_id}). ")
     assert result.structured_content["status"] == "pending"
     return int(proposal_id)
 
@@ -195,3 +195,27 @@ async def test_watch_prints_new_pending_proposals(connect, app: App, staged_env)
     assert watched.returncode == 0, watched.stderr
     lines = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [(e["id"], e["arguments"]) for e in lines] == [(proposal_id, {"label": "watched"})]
+
+
+async def test_the_inbox_returns_each_decision_once(connect, app: App) -> None:  # type: ignore[no-untyped-def]
+    """An agent that cannot be woken learns of decisions at its next session: list_proposals(unseen=true)."""
+    from mcp_knecht import testing
+
+    async with connect("alice", AGENT) as client:
+        approved, rejected, waiting, looked_at = [await propose(client, f"inbox-{n}") for n in range(4)]
+        assert (await client.call_tool("list_proposals", {"unseen": True})).structured_content == {"proposals": []}
+    await testing.approve(app, approved)
+    await testing.reject(app, rejected, "not now")
+    await testing.approve(app, looked_at)
+    async with connect("alice", AGENT) as client:
+        await client.call_tool("get_proposal", {"id": looked_at})  # seen there: not in the inbox any more
+        first = (await client.call_tool("list_proposals", {"unseen": True})).structured_content
+        second = (await client.call_tool("list_proposals", {"unseen": True})).structured_content
+        both = await client.call_tool("list_proposals", {"unseen": True, "status": "failed"})
+    assert [(p["id"], p["status"]) for p in first["proposals"]] == [(approved, "succeeded"), (rejected, "rejected")]
+    assert first["proposals"][1]["reason"] == "not now"
+    assert second == {"proposals": []}
+    assert both.is_error
+    async with connect("carol", AGENT) as other:
+        assert (await other.call_tool("list_proposals", {"unseen": True})).structured_content == {"proposals": []}
+    assert waiting not in [p["id"] for p in first["proposals"]]

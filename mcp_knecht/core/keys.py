@@ -45,7 +45,7 @@ class ServerKeys:
 
     def mac(self, purpose: Purpose, message: str) -> str:
         """HMAC-SHA256 of `message` under the key for `purpose`, hex."""
-        return hmac.new(self._key(purpose), message.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+        return hmac.digest(self._key(purpose), message.encode("utf-8", "surrogatepass"), "sha256").hex()
 
     def verify(self, purpose: Purpose, message: str, mac: str | None) -> bool:
         return mac is not None and hmac.compare_digest(self.mac(purpose, message), mac)

@@ -13,18 +13,13 @@ from mcp_knecht.core.policy import Case, Decision, Policy
 from mcp_knecht.core.policy_rules import Rule, compile_glob, glob_covers, is_glob
 from mcp_knecht.core.tools import Tool
 
-STAGED = (
-    "This tool is staged: calling it submits a proposal for human approval and returns "
-    "'Submitted for approval (#ID)' immediately; it does not run until an operator approves it."
-)
-SOMETIMES_STAGED = (
-    "A staged call submits a proposal for human approval and returns 'Submitted for approval (#ID)' "
-    "immediately; it does not run until an operator approves it."
-)
+_STAGED = ("submits a proposal for human approval and returns 'Submitted for approval (#ID)' immediately; "
+           "it does not run until an operator approves it.")
+SOMETIMES_STAGED = f"A staged call {_STAGED}"
 
 
 def outcome(decision: Decision) -> str:
-    """What a decision does, for a model: `staged for human approval (2 operators): protected branch`."""
+    """What a decision does, for a model: `staged for human approval by 2 different operators (why)`."""
     if decision.mode == "auto":
         return "runs at once"
     text = "refused by policy" if decision.mode == "deny" else "staged for human approval"
@@ -33,23 +28,47 @@ def outcome(decision: Decision) -> str:
     return text + (f" ({decision.reason})" if decision.reason else "")
 
 
+def _names(actions: list[str]) -> str:
+    return actions[0] if len(actions) == 1 else ", ".join(actions[:-1]) + " and " + actions[-1]
+
+
+def policy_note(tool: Tool, policy: Policy, caller: Actor | None = None) -> str:
+    """What the policy does to calls of `tool` by `caller`, for the model's tool description: which
+    actions are staged, which run at once, which are denied — exactly, per action; and where rules
+    make that depend on the call, which arguments do (in order, the first case that applies)."""
+    cases = {action: policy.cases(tool, action, caller) for action in (tool.actions or (None,))}
+    if any(len(listed) > 1 for listed in cases.values()):
+        return _conditional(tool, cases)
+    modes = {action: listed[0].decision.mode for action, listed in cases.items()}
+    if not tool.actions:
+        return f"This tool is staged: calling it {_STAGED}" if modes[None] == "approve" else ""
+    by_mode: dict[str, list[str]] = {"auto": [], "approve": [], "deny": []}
+    for action, mode in modes.items():
+        by_mode[mode].append(str(action))
+    if not by_mode["approve"]:
+        notes = []
+    elif not by_mode["auto"] and not by_mode["deny"]:
+        notes = [f"This tool is staged (every action): calling it {_STAGED}"]
+    else:
+        plural = len(by_mode["approve"]) > 1
+        notes = [f"Action{'s' if plural else ''} {_names(by_mode['approve'])} {'are' if plural else 'is'} staged: "
+                 f"such a call {_STAGED}"]
+        if by_mode["auto"]:
+            notes.append(f"{_names(by_mode['auto'])} run{'s' if len(by_mode['auto']) == 1 else ''} at once.")
+    if by_mode["deny"]:
+        notes.append(f"{_names(by_mode['deny'])} {'is' if len(by_mode['deny']) == 1 else 'are'} denied by policy.")
+    return " ".join(notes)
+
+
 def _condition(rule: Rule | None) -> str:
     if rule is None or not rule.when:
         return "any other call"
     return "where " + " and ".join(condition.shown() for condition in rule.when)
 
 
-def staging_note(policy: Policy, tool: Tool, caller: Actor | None) -> str | None:
-    """What a tool's MCP description says about staging for this caller: nothing when no call is
-    staged, the plain note when every call is, else which arguments make a call staged (in order,
-    the first case that applies decides)."""
-    actions: tuple[str | None, ...] = tool.actions or (None,)
-    cases = {action: policy.cases(tool, action, caller) for action in actions}
-    decisions = [case.decision for listed in cases.values() for case in listed]
-    if not any(d.mode == "approve" for d in decisions):
-        return None
-    if all(d.mode == "approve" and d.approvers == 1 and not d.reason for d in decisions):
-        return STAGED
+def _conditional(tool: Tool, cases: dict[str | None, list[Case]]) -> str:
+    if all(case.decision.mode == "auto" for listed in cases.values() for case in listed):
+        return ""
     lines = ["Whether a call is staged depends on it; the first case that applies decides:"]
     facts: set[str] = set()
     for action, listed in cases.items():
@@ -61,8 +80,7 @@ def staging_note(policy: Policy, tool: Tool, caller: Actor | None) -> str | None
             if prefix:
                 where = prefix if where == "any other call" else f"{prefix} {where}"
             lines.append(f"- {where}: {outcome(case.decision)}")
-    for name in sorted(facts):
-        lines.append(f"({name} is {tool.fact_fields[name].description}.)")
+    lines += [f"({name} is {tool.fact_fields[name].description}.)" for name in sorted(facts)]
     return "\n".join([*lines, SOMETIMES_STAGED])
 
 

@@ -20,6 +20,7 @@ from mcp_knecht.core.canonical import canonical_json
 Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"]
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
+DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired"})
 QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending"]
 
 
@@ -244,4 +245,11 @@ class ProposalRepository(Protocol):
         ...
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """`id → (status, proposer subject)` for the ids that exist."""
+        ...
+    async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
+        """The proposer's decided proposals it has not seen yet (oldest first), now marked seen: each
+        is returned once, also when two sessions ask at once."""
+        ...
+    async def mark_seen(self, proposal_id: int) -> None:
+        """The proposer has seen this proposal's outcome (e.g. through get_proposal)."""
         ...

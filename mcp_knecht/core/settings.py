@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from mcp_knecht.core.durations import parse_duration
 from mcp_knecht.errors import ConfigError, UsageError
@@ -26,6 +26,10 @@ DEFAULT_PROPOSAL_TTL = timedelta(hours=24)
 DEFAULT_ISSUER = "mcp-knecht"
 DEFAULT_AUDIENCE = "mcp-knecht"
 MAX_PROPOSAL_TTL = timedelta(days=30)
+MIN_METRICS_TOKEN = 16
+
+LogFormat = Literal["text", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
 _INSTALLATION = Path(__file__).resolve().parents[2]
 """The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
@@ -64,6 +68,19 @@ def _path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _log_format(text: str) -> LogFormat:
+    if text.lower() not in LOG_FORMATS:
+        raise ConfigError(f"KNECHT_LOG_FORMAT={text!r}: expected one of {', '.join(LOG_FORMATS)}.")
+    return cast(LogFormat, text.lower())
+
+
+def _metrics_token(text: str) -> str:
+    if len(text) < MIN_METRICS_TOKEN:
+        raise ConfigError(f"KNECHT_METRICS_TOKEN is too short: use at least {MIN_METRICS_TOKEN} random characters "
+                          "(e.g. `openssl rand -hex 24`).")
+    return text
+
+
 DATABASE_URL = Variable("KNECHT_DATABASE_URL", "database_url", "the store: sqlite:///PATH or postgresql://…",
     "sqlite:///<data dir>/knecht.db", flag="--db")
 CONFIG_DIR = Variable("KNECHT_CONFIG_DIR", "config_dir", "folder with policies.toml and scopes/",
@@ -93,6 +110,12 @@ SERVER_URL = Variable("KNECHT_SERVER_URL", "server_url", "knecht-approve: decide
     flag="--server")
 ENTITIES_KEY = Variable("KNECHT_ENTITIES_KEY", "entities_key", "key of the entities row fingerprints (≥ 32 bytes)",
     "a generated key <data dir>/entities-key")
+METRICS_TOKEN = Variable("KNECHT_METRICS_TOKEN", "metrics_token",
+    "bearer token Prometheus sends to /metrics (HTTP; at least 16 characters)", "— (/metrics is off)",
+    parse=_metrics_token)
+LOG_FORMAT = Variable("KNECHT_LOG_FORMAT", "log_format",
+    "the server's log on stderr: `text`, or `json` with one event per gate outcome", "text", flag="--log-format",
+    parse=_log_format)
 
 VARIABLES: tuple[Variable, ...] = (
     DATABASE_URL,
@@ -111,6 +134,8 @@ VARIABLES: tuple[Variable, ...] = (
     OPERATOR_TOKEN,
     SERVER_URL,
     ENTITIES_KEY,
+    METRICS_TOKEN,
+    LOG_FORMAT,
 )
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
 
@@ -134,6 +159,8 @@ class Settings:
     operator_token: str | None = field(default=None, repr=False)
     server_url: str | None = None
     entities_key: str | None = field(default=None, repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
+    log_format: LogFormat = "text"
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The whole environment, for names a config file declares (an entity's `database_env`)."""
 

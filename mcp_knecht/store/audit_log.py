@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.canonical import canonical_json, sha256_hex
+from mcp_knecht.core.canonical import sha256_hex
 from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.errors import StoreError
@@ -43,6 +44,11 @@ _COLUMNS = (
     "proposal_id", "arguments_hash", "detail", "duration_ms",
 )
 _ENTRY_COLUMNS = tuple(c for c in _COLUMNS if c not in ("id", "detail"))
+_SORTED_COLUMNS = tuple(sorted(_COLUMNS))
+# The canonical JSON of a row's fields (core.canonical: sorted keys, compact, UTF-8) without sorting
+# each time: the fields are scalars, so a dict built in sorted key order encodes to the same text.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+VERIFY_BATCH = 5_000
 _INSERT = (
     f"INSERT INTO audit_log ({', '.join(_COLUMNS)}, prev_hash, hash) "
     f"VALUES ({', '.join('?' for _ in _COLUMNS)}, ?, ?)"
@@ -93,7 +99,7 @@ class AuditChain:
         self._keys = keys
 
     def _link(self, fields: dict[str, Any], prev_hash: str, *, keyed: bool) -> str:
-        text = prev_hash + canonical_json(fields)
+        text = prev_hash + _ENCODE({column: fields[column] for column in _SORTED_COLUMNS})
         return self._keys.mac("audit", text) if keyed else sha256_hex(text)
 
     def _signed(self, anchor: Anchor) -> Anchor:
@@ -137,14 +143,14 @@ class AuditChain:
         keyed_from = anchor.keyed_from if anchor else 1
         prev_hash, expected_id, count = GENESIS, 1, 0
         row: Row
-        async for row in db.stream(f"SELECT {', '.join(_COLUMNS)}, prev_hash, hash FROM audit_log ORDER BY id"):
+        async for row in db.stream(f"SELECT {', '.join(_COLUMNS)}, prev_hash, hash FROM audit_log ORDER BY id",
+                                   batch=VERIFY_BATCH):
             count += 1
             if row["id"] != expected_id:
                 yield ChainProblem(expected_id, f"rows {expected_id}..{row['id'] - 1} are missing")
             if row["prev_hash"] != prev_hash:
                 yield ChainProblem(row["id"], "does not link to the row before it (a row was deleted or edited)")
-            fields = {c: row[c] for c in _COLUMNS}
-            if self._link(fields, row["prev_hash"], keyed=row["id"] >= keyed_from) != row["hash"]:
+            if self._link(row, row["prev_hash"], keyed=row["id"] >= keyed_from) != row["hash"]:
                 yield ChainProblem(row["id"], "content does not match its hash (the row was edited, or the chain "
                                               "was recomputed without the server key)")
             prev_hash, expected_id = row["hash"], row["id"] + 1
@@ -174,6 +180,10 @@ async def verify_chain(db: Database, chain: AuditChain) -> list[ChainProblem]:
     return [found async for found in chain.verify(db) if isinstance(found, ChainProblem)]
 
 
+FlushObserver = Callable[[int, float, bool], None]
+"""`(entries, seconds, failed)` after each write that had something to write (for monitoring)."""
+
+
 class AuditLog:
     """An `AuditSink` over a database, writing in groups, never stopped by a busy store."""
 
@@ -188,6 +198,7 @@ class AuditLog:
         self._flush_lock = anyio.Lock()
         self.failures = 0
         """Consecutive failed writes (a busy or unreachable store)."""
+        self.on_flush: FlushObserver | None = None
 
     def record(self, entry: AuditEntry) -> None:
         if self._closed:
@@ -221,6 +232,7 @@ class AuditLog:
             batch, self._pending = self._pending, []
             if not batch:
                 return
+            started = time.perf_counter()
             try:
                 async with self._db.transaction() as tx:
                     await self.chain.append(tx, batch)
@@ -228,8 +240,14 @@ class AuditLog:
                 # Keep them for the next round rather than lose the record of what happened.
                 self._pending[:0] = batch
                 self.failures += 1
+                self._flushed(len(batch), started, failed=True)
                 raise
             self.failures = 0
+            self._flushed(len(batch), started, failed=False)
+
+    def _flushed(self, entries: int, started: float, *, failed: bool) -> None:
+        if self.on_flush is not None:
+            self.on_flush(entries, time.perf_counter() - started, failed)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

@@ -51,7 +51,8 @@ def _status_condition(status: str | None, now: str) -> tuple[list[str], list[Any
     if status == "pending":
         return ["status = 'pending'", "expires_at > ?"], [now]
     if status == "expired":
-        return ["(status = 'expired' OR (status = 'pending' AND expires_at <= ?))"], [now]
+        # The IN lets an index on status serve both kinds of row; the OR then keeps the overdue pending ones.
+        return ["status IN ('expired', 'pending')", "(status = 'expired' OR expires_at <= ?)"], [now]
     return exact_matches({"status": status})
 
 
@@ -170,6 +171,22 @@ class SqlProposalRepository:
             " WHERE id = ? AND status = 'executing'",
             ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit,
         )
+
+    async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
+        now = clock.timestamp()
+        async with self._db.transaction() as tx:
+            rows = await tx.fetch_all(
+                "UPDATE proposals SET seen_at = ? WHERE id IN (SELECT id FROM proposals WHERE proposer_subject = ?"
+                " AND seen_at IS NULL AND (status IN ('succeeded', 'failed', 'rejected', 'expired')"
+                " OR (status = 'pending' AND expires_at <= ?)) ORDER BY id LIMIT ?) RETURNING *",
+                (now, subject, now, limit),
+            )
+        return await self._with_approvals(sorted((_proposal(row, now) for row in rows), key=lambda p: p.id))
+
+    async def mark_seen(self, proposal_id: int) -> None:
+        async with self._db.transaction() as tx:
+            await tx.execute("UPDATE proposals SET seen_at = ? WHERE id = ? AND seen_at IS NULL",
+                             (clock.timestamp(), proposal_id))
 
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """`id → (effective status, proposer subject)` for the ids that exist."""

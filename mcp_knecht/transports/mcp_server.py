@@ -15,7 +15,7 @@ from mcp_knecht import __version__
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate, GateResult
-from mcp_knecht.core.policy_text import staging_note
+from mcp_knecht.core.policy_text import policy_note
 from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.tools import MCP, Tool
 from mcp_knecht.errors import KnechtError
@@ -26,9 +26,8 @@ logger = logging.getLogger(__name__)
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
 
 
-def _mcp_tool(tool: Tool, staged: str | None) -> types.Tool:
-    """`staged`: what the policy makes of calling it (`policy_text.staging_note`), if anything."""
-    description = tool.description + (f"\n\n{staged}" if staged else "")
+def _mcp_tool(tool: Tool, note: str) -> types.Tool:
+    description = tool.description + (f"\n\n{note}" if note else "")
     annotations = tool.annotations()
     return types.Tool(
         name=tool.name,
@@ -91,7 +90,7 @@ def build_mcp_server(
         if actor is None:
             return types.ListToolsResult(tools=[])
         policy = gate.policy()
-        tools = [_mcp_tool(tool, staging_note(policy, tool, actor)) for tool in gate.visible_tools(actor)]
+        tools = [_mcp_tool(tool, policy_note(tool, policy, actor)) for tool in gate.visible_tools(actor)]
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(
@@ -108,7 +107,11 @@ def build_mcp_server(
         return _call_result(result)
 
     def prompts_for(actor: Actor | None) -> dict[str, Prompt]:
-        return {p.name: p for p in prompts if actor is not None and actor.holds(p.scope)}
+        """The prompts `actor` can follow: its scopes hold the prompt's, and it may call every tool named."""
+        if actor is None or not prompts:
+            return {}
+        callable_tools = {tool.name for tool in gate.visible_tools(actor)}
+        return {p.name: p for p in prompts if actor.holds(p.scope) and callable_tools.issuperset(p.tools)}
 
     async def list_prompts(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

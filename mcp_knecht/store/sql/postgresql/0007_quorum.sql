@@ -1,4 +1,4 @@
--- The two-person rule. Mirrors sql/sqlite/0005_quorum.sql.
+-- The two-person rule. Mirrors sql/sqlite/0007_quorum.sql.
 ALTER TABLE proposals ADD COLUMN approvers BIGINT NOT NULL DEFAULT 1 CHECK (approvers >= 1);
 ALTER TABLE proposals ADD COLUMN policy_reason TEXT COLLATE "C";
 CREATE TABLE proposal_approvals (
