@@ -190,13 +190,17 @@ async def _gate(env: dict[str, str], calls: int, warmup: int) -> dict[str, Any]:
         tool = app.registry.get(bench_gate.TOOL)
         policy = app.policy()
         rules_on_call = len(policy._entry(tool, None).rules)
-        plain = Gate(app.registry, app.audit, policy=Policy, scrub=app.secrets,
-                     hash_arguments=app.gate.hash_arguments)
+        empty = Policy()
+
+        def gate_with(chosen: Policy) -> Gate:  # as the app builds its gate, but for the policy
+            return Gate(app.registry, app.audit, policy=lambda: chosen, scrub=app.secrets,
+                        hash_arguments=app.gate.hash_arguments, observe=getattr(app.gate, "_observe", None))
+
         servers = {
             "bare": bench_gate.build_bare_server(tool, tool.input_model.model_validate(arguments),
                                                  ToolContext(actor=actor, source="mcp")),
-            "no rules": build_mcp_server(plain, lambda ctx: actor),
-            "rules": build_mcp_server(app.gate, lambda ctx: actor),
+            "no rules": build_mcp_server(gate_with(empty), lambda ctx: actor),
+            "rules": build_mcp_server(gate_with(policy), lambda ctx: actor),
         }
         async with Client(servers["bare"]) as bare, Client(servers["no rules"]) as no_rules, \
                 Client(servers["rules"]) as with_rules:

@@ -111,7 +111,7 @@ class _Entry:
     and the first of them is the lowest bit. Masks of values and callers once seen are kept, so a
     decision costs a few dictionary look-ups and ANDs, however many rules there are."""
 
-    __slots__ = ("_callers", "_values", "fallback", "names", "rules")
+    __slots__ = ("_callers", "_values", "fallback", "names", "rules", "settled")
 
     def __init__(self, rules: tuple[Pair, ...], fallback: Decision) -> None:
         self.rules = rules
@@ -119,6 +119,8 @@ class _Entry:
         self.names: frozenset[str] = frozenset().union(*(rule.names for rule, _ in rules))
         self._values = tuple((name, _Values(name, rules)) for name in sorted(self.names))
         self._callers: dict[tuple[str | None, str | None], int] = {}
+        self.settled: dict[tuple[str, str] | None, Decision | None] = {}
+        """`Policy.settled` per caller, once worked out."""
 
     def first(self, values: Mapping[str, Any], subject: str | None, client: str | None) -> Decision | None:
         mask = self._callers.get((subject, client))
@@ -150,6 +152,8 @@ class Policy:
     rule_list: Sequence[Rule] = ()
     """The `[[rules]]`, in file order."""
     _index: dict[tuple[str, str | None], _Entry] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _hidden: dict[tuple[str, tuple[str, str] | None], bool] = field(default_factory=dict, init=False, repr=False,
+                                                                     compare=False)
 
     # --- deciding ---------------------------------------------------------------------------------
 
@@ -168,13 +172,22 @@ class Policy:
     def settled(self, tool: Tool, action: str | None, caller: Actor | None) -> Decision | None:
         """The decision when it cannot depend on the arguments (no rule that tests any could match
         first); None when it may. The gate decides a settled call before freezing it."""
-        for rule, decision in self._entry(tool, action).rules:
+        entry = self._entry(tool, action)
+        if not entry.rules:
+            return entry.fallback
+        key = (caller.subject, caller.client) if caller is not None else None
+        if key in entry.settled:
+            return entry.settled[key]
+        found: Decision | None = entry.fallback
+        for rule, decision in entry.rules:
             if caller is not None and not rule.matches_caller(caller.subject, caller.client):
                 continue
-            if rule.when or (caller is None and (rule.subject or rule.client)):
-                return None
-            return decision
-        return self._entry(tool, action).fallback
+            found = None if rule.when or (caller is None and (rule.subject or rule.client)) else decision
+            break
+        if len(entry.settled) >= _CACHED:
+            entry.settled.clear()
+        entry.settled[key] = found
+        return found
 
     def names(self, tool: Tool, action: str | None) -> frozenset[str]:
         """Every argument or fact a rule for this call tests."""
@@ -195,8 +208,16 @@ class Policy:
 
     def hides(self, tool: Tool, caller: Actor | None = None) -> bool:
         """A tool is hidden when every way `caller` (anyone, if None) could call it is denied."""
-        actions: tuple[str | None, ...] = tool.actions or (None,)
-        return all(case.decision.mode == "deny" for action in actions for case in self.cases(tool, action, caller))
+        key = (tool.name, (caller.subject, caller.client) if caller is not None else None)
+        hidden = self._hidden.get(key)
+        if hidden is None:
+            actions: tuple[str | None, ...] = tool.actions or (None,)
+            hidden = all(case.decision.mode == "deny" for action in actions
+                         for case in self.cases(tool, action, caller))
+            if len(self._hidden) >= _CACHED:
+                self._hidden.clear()
+            self._hidden[key] = hidden
+        return hidden
 
     # --- the index --------------------------------------------------------------------------------
 
