@@ -26,6 +26,7 @@ examples:
   mcp-knecht serve --transport http --port 8765
   mcp-knecht policy explain rerun_run        which rule decides, and why
   mcp-knecht audit verify                    check the audit hash chain
+  mcp-knecht login-link --sub bob --profile operator   sign a person in to the web page
 """
 
 
@@ -289,8 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(handler=_cmd_quickstart)
 
     from mcp_knecht.cli.admin import add_commands
+    from mcp_knecht.cli.web import add_commands as add_web_commands
 
     add_commands(commands, _common)
+    add_web_commands(commands, _common)
     return parser
 
 

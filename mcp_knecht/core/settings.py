@@ -31,6 +31,10 @@ MIN_METRICS_TOKEN = 16
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
+DEFAULT_WEB_SESSION_TTL = timedelta(hours=8)
+"""How long a web session lasts after signing in (a pasted token's own expiry ends it sooner)."""
+MAX_WEB_SESSION_TTL = timedelta(days=7)
+
 _INSTALLATION = Path(__file__).resolve().parents[2]
 """The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
 
@@ -54,6 +58,13 @@ def _toolsets(text: str) -> tuple[str, ...]:
 def _proposal_ttl(text: str) -> timedelta:
     try:
         return parse_duration(text, maximum=MAX_PROPOSAL_TTL, what="Proposal lifetime (KNECHT_PROPOSAL_TTL)")
+    except UsageError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def _web_session_ttl(text: str) -> timedelta:
+    try:
+        return parse_duration(text, maximum=MAX_WEB_SESSION_TTL, what="Web session lifetime (KNECHT_WEB_SESSION_TTL)")
     except UsageError as exc:
         raise ConfigError(exc.message) from None
 
@@ -116,6 +127,8 @@ METRICS_TOKEN = Variable("KNECHT_METRICS_TOKEN", "metrics_token",
 LOG_FORMAT = Variable("KNECHT_LOG_FORMAT", "log_format",
     "the server's log on stderr: `text`, or `json` with one event per gate outcome", "text", flag="--log-format",
     parse=_log_format)
+WEB_SESSION_TTL = Variable("KNECHT_WEB_SESSION_TTL", "web_session_ttl",
+    "how long a web session lasts after signing in (at most 7d)", "8h", parse=_web_session_ttl)
 
 VARIABLES: tuple[Variable, ...] = (
     DATABASE_URL,
@@ -136,6 +149,7 @@ VARIABLES: tuple[Variable, ...] = (
     ENTITIES_KEY,
     METRICS_TOKEN,
     LOG_FORMAT,
+    WEB_SESSION_TTL,
 )
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
 
@@ -161,6 +175,7 @@ class Settings:
     entities_key: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
     log_format: LogFormat = "text"
+    web_session_ttl: timedelta = DEFAULT_WEB_SESSION_TTL
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The whole environment, for names a config file declares (an entity's `database_env`)."""
 

@@ -29,6 +29,7 @@ from mcp_knecht.transports.decisions_api import DecisionApi
 from mcp_knecht.transports.http_auth import ExplainUnauthorized, note_refusal, protected_resource_metadata, token_hint
 from mcp_knecht.transports.mcp_server import server_for_app
 from mcp_knecht.transports.metrics_route import metrics_route
+from mcp_knecht.web import web_routes
 
 if TYPE_CHECKING:
     from mcp_knecht.observe.metrics import Metrics
@@ -111,6 +112,7 @@ def build_http_app(
             Route("/healthz", health, methods=["GET"]),
             *DecisionApi(app, verifier).routes(),
             metrics_route(metrics, app.settings.metrics_token, sessions_open=lambda: _sessions_open(server)),
+            *web_routes(app, verifier, public_url=public_url),  # the web page for people
         ],
     )
     # Ours first, so both well-known paths describe the same resource with its scopes.
@@ -133,7 +135,9 @@ async def serve_http(app: App, verifier: TokenVerifier, *, host: str, port: int,
     asgi = build_http_app(app, verifier, public_url=base, stateless=stateless, host=host, metrics=metrics)
     # With JSON logs uvicorn's own records go through the root logger's JSON handler.
     log_config = None if json_logs else uvicorn.config.LOGGING_CONFIG
-    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on", log_config=log_config)
+    # Open live streams (the web page's) must not hold a shutdown forever.
+    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on", log_config=log_config,
+                            timeout_graceful_shutdown=5)
     try:
         await uvicorn.Server(config).serve()
     except SystemExit as exc:  # uvicorn exits when it cannot bind
