@@ -9,6 +9,7 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -274,3 +275,30 @@ def test_one_approver_and_no_reason_seal_exactly_as_before_quorums() -> None:
     assert seal_text(**before) == '["t",null,"{}","h","{}","s","c",["a"],"r","1","2"]'  # type: ignore[arg-type]
     assert seal_text(**before, approvers=2) != seal_text(**before)  # type: ignore[arg-type]
     assert seal_text(**before, policy_reason="why") != seal_text(**before)  # type: ignore[arg-type]
+
+
+# --- the web page ----------------------------------------------------------------------------------------
+
+
+async def test_the_web_page_shows_the_quorum_and_takes_one_approval_per_operator(
+    demo_env: dict[str, str], token_settings: Any
+) -> None:
+    from mcp_knecht.core.auth import TokenVerifier
+    from tests.web_support import OPERATOR, ORIGIN, csrf, field, pages, sign_in, stage
+
+    Path(demo_env["KNECHT_CONFIG_DIR"], "policies.toml").write_text(
+        '[[rules]]\ntool = "rerun_run"\ndecision = "approve"\napprovers = 2\nreason = "two people"\n')
+    async with open_app(load_settings(env=demo_env), watch_policy=False) as app:
+        proposal_id = await stage(app, "rerun_run", {"run_id": 11})
+        for operator, expected, status in (("alice", "1 of 2 approvals (alice)", "pending"),
+                                           ("bob", "2 of 2 approvals (alice, bob)", "succeeded")):
+            async with pages(app, TokenVerifier(token_settings)) as browser:
+                await sign_in(browser, app, operator, OPERATOR)
+                page = (await browser.get(f"/proposals/{proposal_id}")).text
+                assert "approvals" in page and "two people" in page
+                done = await browser.post(f"/proposals/{proposal_id}", headers={"Origin": ORIGIN}, data={
+                    "csrf_token": csrf(page), "decision": "approve", "expect_hash": field(page, "expect_hash")})
+                assert done.status_code == 303, done.text
+                assert expected in (await browser.get(f"/proposals/{proposal_id}")).text
+            decided = await app.proposals.get(proposal_id)
+            assert decided is not None and decided.status == status
