@@ -109,7 +109,7 @@ async def test_eight_racing_operators_complete_each_quorum_exactly_once(database
             kinds = sorted(kind for kind, _ in seen)
             assert kinds == ["claimed", *["not_pending"] * 5, "recorded", "recorded"], (proposal_id, seen)
             proposal = await repos[0].get(proposal_id)
-            assert proposal is not None and proposal.status == "approved"
+            assert proposal is not None and proposal.status == "executing"  # approved and started in one commit
             assert len(proposal.approvals) == 3 and proposal.quorum.startswith("3 of 3 approvals (op-")
             [claimer] = [name for kind, name in seen if kind == "claimed"]
             assert proposal.decided_by == claimer == proposal.approvals[-1].operator

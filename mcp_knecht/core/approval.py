@@ -1,6 +1,6 @@
 """Deciding proposals: approve (then execute exactly once), reject, settle, expire.
 
-    approve(id)  pending ──claim──▶ approved ──▶ executing ──▶ succeeded | failed
+    approve(id)  pending ──claim──▶ approved + executing ──▶ succeeded | failed   (one commit, then one)
                  pending ──record──▶ pending        (an approval short of the quorum)
     reject(id)   pending ──────────▶ rejected
     expire_due()  pending ─────────▶ expired                        (by the server's clock)
@@ -209,8 +209,7 @@ class ApprovalService:
     # --- execution -----------------------------------------------------------------------------------
 
     async def _execute(self, proposal_id: int, operator: Operator) -> Proposal:
-        if not await self._proposals.start_execution(proposal_id, clock.timestamp()):
-            raise self._not_pending(await self.checked(proposal_id))
+        """Run a proposal this operator's approval claimed (it is `executing`), and record the outcome."""
         succeeded: bool
         result_json: str | None
         error: str | None

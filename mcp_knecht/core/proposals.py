@@ -223,22 +223,16 @@ class ProposalRepository(Protocol):
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         """Write `expired` (and its audit row) on every overdue pending proposal; return those."""
         ...
-    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
-        """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
-        ...
     async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
                            counts: Callable[[Approval], bool],
                            audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
         """Record `approval` of a pending proposal, serialised with every other approval of it (across
         processes and replicas). The approval that makes `required` distinct persons (counting only
-        approvals for which `counts` holds) also claims it, pending → approved, in the same
-        transaction: `claimed` for exactly one caller. Otherwise `recorded`, `duplicate` (this person
+        approvals for which `counts` holds) also claims it, pending → approved and executing, in the
+        same transaction: `claimed` for exactly one caller. Otherwise `recorded`, `duplicate` (this person
         approved already) or `not_pending`. `audit(counted, completes)` is the row committed with it."""
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
-    async def start_execution(self, proposal_id: int, now: str) -> bool:
-        """approved → executing."""
-        ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
                      error: str | None, now: str, audit: AuditEntry) -> bool:
         """executing → succeeded | failed."""

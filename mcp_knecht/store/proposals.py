@@ -119,9 +119,10 @@ class SqlProposalRepository:
         )
         return await self._with_approvals([_proposal(row, now) for row in rows])
 
-    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None) -> bool:
+    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
+                      durable: bool = True) -> bool:
         """One conditional UPDATE; its audit row commits with it, and only if it changed a row."""
-        async with self._db.transaction(durable=True) as tx:
+        async with self._db.transaction(durable=durable) as tx:
             if await tx.execute(sql, params) != 1:
                 return False
             if audit is not None:
@@ -138,13 +139,6 @@ class SqlProposalRepository:
             await self._chain.append(tx, [audit(p) for p in sorted(expired, key=lambda p: p.id)])
         return expired
 
-    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
-        return await self._update(
-            "UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ?"
-            " WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?",
-            (operator, now, proposal_id, now, operator), audit,
-        )
-
     async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
                            counts: Callable[[Approval], bool],
                            audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
@@ -158,18 +152,14 @@ class SqlProposalRepository:
             (operator, now, reason, proposal_id, now), audit,
         )
 
-    async def start_execution(self, proposal_id: int, now: str) -> bool:
-        return await self._update(
-            "UPDATE proposals SET status = 'executing', started_at = ? WHERE id = ? AND status = 'approved'",
-            (now, proposal_id), None,
-        )
-
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
                      error: str | None, now: str, audit: AuditEntry) -> bool:
+        # Not `durable`: the claim already is. A power loss that takes this commit leaves the proposal
+        # `executing` ("outcome unknown"): never run again, settled by a person.
         return await self._update(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
-            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit,
+            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit, durable=False,
         )
 
     async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:

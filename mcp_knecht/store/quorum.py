@@ -4,7 +4,7 @@
       lock `proposal:<id>`                every approval of this proposal, on every replica, queues here
       read its approvals                  (each statement after the lock sees what the previous holder committed)
       insert this one                     at most one per person (also a UNIQUE key)
-      the quorum complete?  yes → UPDATE … SET status = 'approved' WHERE id = ? AND status = 'pending' …
+      the quorum complete?  yes → UPDATE … SET status = 'executing' WHERE id = ? AND status = 'pending' …
                             no  → UPDATE … SET status = status   WHERE id = ? AND status = 'pending' …
       the UPDATE changed no row → roll back: `not_pending` (rejected, expired, claimed meanwhile)
       the audit row                        `approved` or `approval_recorded`, committed with it
@@ -12,7 +12,9 @@
 Both UPDATEs are conditional on the proposal still being pending, so an approval never lands on a
 proposal a rejection or expiry committed first (on PostgreSQL the UPDATE waits for such a writer's row
 lock and then re-checks). Of any number of racing operators, the ones before the quorum record, the
-one that completes it claims — exactly one — and the ones after find it no longer pending.
+one that completes it claims — exactly one — and the ones after find it no longer pending. The claim
+goes straight to `executing` (approved and started in one commit): the one durable write a decision
+costs, after which the proposal can never run again, even after a power loss.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ async def add_approval(
             params: tuple[Any, ...] = (proposal_id, new.approved_at, new.operator)
             if completes:
                 changed = await tx.execute(
-                    f"UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ? {pending}",
-                    (new.operator, new.approved_at, *params))
+                    "UPDATE proposals SET status = 'executing', decided_by = ?, decided_at = ?, started_at = ?"
+                    f" {pending}", (new.operator, new.approved_at, new.approved_at, *params))
             else:  # changes nothing, but only while pending, and holds the row until this commits
                 changed = await tx.execute(f"UPDATE proposals SET status = status {pending}", params)
             if changed != 1:
