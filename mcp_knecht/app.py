@@ -20,6 +20,7 @@ from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
+from mcp_knecht.notify import OutboxWriter, notification_worker
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditLog
 from mcp_knecht.store.notify import decision_notifier
@@ -83,7 +84,7 @@ async def assemble(
     except BaseException:
         await _close(toolsets)
         raise
-    proposals = SqlProposalRepository(db)
+    proposals = SqlProposalRepository(db, on_status=OutboxWriter(secrets))  # notifications: same transaction
     stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
     watcher = _proposal_watcher(proposals, db)
@@ -107,12 +108,19 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
     try:
         audit = AuditLog(db)
         app = await assemble(settings, db, audit, extra_tools=extra_tools)
+        try:  # servers deliver notifications ([notify] checked now: fails closed); the CLIs only write the outbox
+            notifications = notification_worker(app) if watch_policy else None
+        except BaseException:
+            await app.close_toolsets()
+            raise
         failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(audit.run)
             if watch_policy:
                 tasks.start_soon(app.policy.watch)
                 tasks.start_soon(app.watcher.run)
+            if notifications is not None:
+                tasks.start_soon(notifications)
             try:
                 yield app
             except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup

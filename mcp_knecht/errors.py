@@ -15,7 +15,8 @@
     │   ├── NotPendingError          "not_pending"    unknown, expired, already decided (lost race)
     │   ├── SelfApprovalError        "self_approval"  operators cannot approve their own proposals
     │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
-    └── StoreError                   "store"          the database refused or is unreachable
+    ├── StoreError                   "store"          the database refused or is unreachable
+    └── DeliveryError                "delivery"       a notification channel did not take a message
 
 A `ToolError` reaches the model as a tool result with `isError` and the message; anything else
 raised inside a tool is logged and reaches the model only as "internal error" with a reference,
@@ -105,3 +106,14 @@ class HashMismatchError(DecisionError):
 
 class StoreError(KnechtError):
     code = "store"
+
+
+class DeliveryError(KnechtError):
+    """A channel refused or did not answer. `permanent`: retrying cannot help (HTTP 410 Gone, a
+    channel no longer configured); the delivery fails at once instead of backing off."""
+
+    code = "delivery"
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent

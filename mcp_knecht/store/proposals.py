@@ -1,20 +1,32 @@
 """Proposals in SQL. Each state change is a single `UPDATE … WHERE status = <expected>`, so of
-any number of racing processes (or replicas) exactly one sees a row change."""
+any number of racing processes (or replicas) exactly one sees a row change.
+
+`on_status(tx, id, status)`, if given, runs inside the transaction of every change it describes
+(notifications write their outbox there: no state change without its event, and no event
+without its state change)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from mcp_knecht.core.proposals import NewProposal, Proposal
-from mcp_knecht.store.database import Database, exact_matches
+from mcp_knecht.store.database import Database, Transaction, exact_matches
 
 _SELECT = "SELECT * FROM proposals"
 
+StatusHook = Callable[[Transaction, int, str], Awaitable[None]]
+"""`hook(tx, proposal_id, new_status)`, awaited inside the transaction that made the change."""
+
 
 class SqlProposalRepository:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, on_status: StatusHook | None = None) -> None:
         self._db = db
+        self._on_status = on_status
+
+    async def _changed(self, tx: Transaction, proposal_id: int, status: str) -> None:
+        if self._on_status is not None:
+            await self._on_status(tx, proposal_id, status)
 
     async def create(self, proposal: NewProposal) -> int:
         async with self._db.transaction() as tx:
@@ -31,7 +43,8 @@ class SqlProposalRepository:
                     proposal.created_at, proposal.expires_at,
                 ),
             )
-        assert row is not None
+            assert row is not None
+            await self._changed(tx, int(row["id"]), "pending")
         return int(row["id"])
 
     async def get(self, proposal_id: int) -> Proposal | None:
@@ -48,42 +61,50 @@ class SqlProposalRepository:
         )
         return [Proposal.from_row(row) for row in rows]
 
-    async def _update(self, sql: str, params: tuple[object, ...]) -> bool:
+    async def _update(self, sql: str, params: tuple[object, ...], *, proposal_id: int, status: str) -> bool:
         async with self._db.transaction() as tx:
-            return await tx.execute(sql, params) == 1
+            changed = await tx.execute(sql, params) == 1
+            if changed:
+                await self._changed(tx, proposal_id, status)
+            return changed
 
     async def expire_overdue(self, now: str) -> int:
         async with self._db.transaction() as tx:
-            return await tx.execute(
-                "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ?", (now,)
+            expired = await tx.fetch_all(
+                "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING id",
+                (now,),
             )
+            for row in expired:
+                await self._changed(tx, int(row["id"]), "expired")
+        return len(expired)
 
     async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ?"
             " WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?",
-            (operator, now, proposal_id, now, operator),
+            (operator, now, proposal_id, now, operator), proposal_id=proposal_id, status="approved",
         )
 
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'rejected', decided_by = ?, decided_at = ?, reason = ?"
             " WHERE id = ? AND status = 'pending' AND expires_at > ?",
-            (operator, now, reason, proposal_id, now),
+            (operator, now, reason, proposal_id, now), proposal_id=proposal_id, status="rejected",
         )
 
     async def start_execution(self, proposal_id: int, now: str) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'executing', started_at = ? WHERE id = ? AND status = 'approved'",
-            (now, proposal_id),
+            (now, proposal_id), proposal_id=proposal_id, status="executing",
         )
 
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
                      error: str | None, now: str) -> bool:
+        status = "succeeded" if succeeded else "failed"
         return await self._update(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
-            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id),
+            (status, now, result_json, error, proposal_id), proposal_id=proposal_id, status=status,
         )
 
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:

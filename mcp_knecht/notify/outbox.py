@@ -1,0 +1,222 @@
+"""The outbox in SQL: events written with the change they describe, fanned out to one delivery
+row per destination, each claimed by exactly one worker at a time.
+
+    proposals change ──same tx──▶ notify_outbox (routed_at NULL)
+                                      │ route: one tx, rows locked (SKIP LOCKED on PostgreSQL)
+                                      ▼
+                        notify_deliveries: pending ──claim──▶ delivering ──▶ delivered
+                                             ▲                    │ error: attempts < max
+                                             └── next_attempt_at ─┘ error: attempts = max ──▶ failed
+
+A claim is one conditional `UPDATE … RETURNING` that sets `claimed_by` and a lease: of any
+number of workers (replicas) exactly one gets each row. A worker killed mid-delivery leaves
+`delivering`; when its lease runs out the row is claimed again (at least once: a receiver that
+must not act twice dedupes on the event's uid, the webhook's `webhook-id`). Outcomes are
+recorded only by the claim holder (`WHERE claimed_by = ? AND status = 'delivering'`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mcp_knecht.core.proposals import Proposal, timestamp
+from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot
+from mcp_knecht.store.database import Database, Row, Transaction
+
+ROUTE_BATCH = 200
+
+
+def _skip_locked(db: Database) -> str:
+    """The one dialect difference: PostgreSQL's row locks let replicas pass each other by;
+    SQLite's write transaction already holds the whole database."""
+    return " FOR UPDATE SKIP LOCKED" if db.dialect == "postgresql" else ""
+
+
+def later(seconds: float, now: datetime | None = None) -> str:
+    return timestamp((now or datetime.now(UTC)) + timedelta(seconds=seconds))
+
+
+# --- writing: inside the proposal's own transaction ----------------------------------------------
+
+
+class OutboxWriter:
+    """The proposal repository's status hook: the event of a change, written in its transaction.
+
+    Needs no channel configuration (the process deciding may be an operator's CLI that knows
+    none): every event is written; the delivering server decides where it goes."""
+
+    def __init__(self, scrub: Callable[[str], str]) -> None:
+        self._scrub = scrub
+
+    async def __call__(self, tx: Transaction, proposal_id: int, status: str) -> None:
+        event = EVENT_FOR_STATUS.get(status)
+        if event is None:
+            return
+        row = await tx.fetch_one("SELECT * FROM proposals WHERE id = ?", (proposal_id,))
+        if row is None:
+            return
+        facts = snapshot(Proposal.from_row(row), event, self._scrub)
+        await tx.execute(
+            "INSERT INTO notify_outbox (uid, event, proposal_id, payload_json, created_at) VALUES (?, ?, ?, ?, ?)",
+            (f"evt_{uuid.uuid4().hex}", event, proposal_id, json.dumps(facts, ensure_ascii=False), timestamp()),
+        )
+
+
+# --- routing -------------------------------------------------------------------------------------
+
+Router = Callable[[str, dict[str, Any]], Sequence[str]]
+"""`router(event, facts) -> destination names`."""
+
+
+async def route(db: Database, router: Router, *, limit: int = ROUTE_BATCH) -> int:
+    """Fan unrouted events out to their destinations; returns how many events were routed."""
+    now = timestamp()
+    async with db.transaction() as tx:
+        events = await tx.fetch_all(
+            f"SELECT id, event, payload_json FROM notify_outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?"
+            f"{_skip_locked(db)}", (limit,))
+        if not events:
+            return 0
+        rows = [(event["id"], destination, now)
+                for event in events for destination in router(event["event"], json.loads(event["payload_json"]))]
+        await tx.execute_many(
+            "INSERT INTO notify_deliveries (event_id, destination, status, attempts, next_attempt_at)"
+            " VALUES (?, ?, 'pending', 0, ?) ON CONFLICT (event_id, destination) DO NOTHING", rows)
+        ids = [event["id"] for event in events]
+        await tx.execute(f"UPDATE notify_outbox SET routed_at = ? WHERE id IN ({', '.join('?' * len(ids))})",
+                         (now, *ids))
+    return len(events)
+
+
+# --- claiming and recording ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    id: int
+    destination: str
+    attempts: int
+    """Including this one."""
+    uid: str
+    event: str
+    facts: dict[str, Any]
+    created_at: str
+
+
+_DUE = "((status = 'pending' AND next_attempt_at <= ?) OR (status = 'delivering' AND lease_until <= ?))"
+
+
+async def claim(db: Database, worker: str, *, lease: float, limit: int) -> list[Claimed]:
+    """Up to `limit` due deliveries (new, retry due, or lease expired), now held by `worker`."""
+    if limit <= 0:
+        return []
+    now = timestamp()
+    async with db.transaction() as tx:
+        rows = await tx.fetch_all(
+            "UPDATE notify_deliveries SET status = 'delivering', claimed_by = ?, lease_until = ?,"
+            " attempts = attempts + 1"
+            f" WHERE id IN (SELECT id FROM notify_deliveries WHERE {_DUE} ORDER BY next_attempt_at, id LIMIT ?"
+            f"{_skip_locked(db)}) AND {_DUE}"
+            " RETURNING id, event_id, destination, attempts",
+            (worker, later(lease), now, now, limit, now, now),
+        )
+        if not rows:
+            return []
+        event_ids = sorted({row["event_id"] for row in rows})
+        events = {e["id"]: e for e in await tx.fetch_all(
+            f"SELECT id, uid, event, payload_json, created_at FROM notify_outbox"
+            f" WHERE id IN ({', '.join('?' * len(event_ids))})", event_ids)}
+    return [Claimed(id=row["id"], destination=row["destination"], attempts=row["attempts"],
+                    uid=events[row["event_id"]]["uid"], event=events[row["event_id"]]["event"],
+                    facts=json.loads(events[row["event_id"]]["payload_json"]),
+                    created_at=events[row["event_id"]]["created_at"])
+            for row in sorted(rows, key=lambda r: r["id"])]
+
+
+async def delivered(db: Database, delivery_id: int, worker: str) -> bool:
+    async with db.transaction() as tx:
+        return await tx.execute(
+            "UPDATE notify_deliveries SET status = 'delivered', delivered_at = ?, lease_until = NULL,"
+            " last_error = NULL WHERE id = ? AND claimed_by = ? AND status = 'delivering'",
+            (timestamp(), delivery_id, worker)) == 1
+
+
+async def failed(db: Database, delivery_id: int, worker: str, error: str, *, retry_in: float | None) -> bool:
+    """Record a failed attempt: back to `pending` after `retry_in` seconds, or `failed` for good (None)."""
+    async with db.transaction() as tx:
+        if retry_in is None:
+            return await tx.execute(
+                "UPDATE notify_deliveries SET status = 'failed', lease_until = NULL, last_error = ?"
+                " WHERE id = ? AND claimed_by = ? AND status = 'delivering'",
+                (error, delivery_id, worker)) == 1
+        return await tx.execute(
+            "UPDATE notify_deliveries SET status = 'pending', next_attempt_at = ?, lease_until = NULL,"
+            " last_error = ? WHERE id = ? AND claimed_by = ? AND status = 'delivering'",
+            (later(retry_in), error, delivery_id, worker)) == 1
+
+
+async def release(db: Database, worker: str) -> int:
+    """Hand back what `worker` still holds (a clean shutdown): due again at once, elsewhere too."""
+    async with db.transaction() as tx:
+        return await tx.execute(
+            "UPDATE notify_deliveries SET status = 'pending', lease_until = NULL, next_attempt_at = ?,"
+            " attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
+            " WHERE claimed_by = ? AND status = 'delivering'", (timestamp(), worker))
+
+
+# --- looking -------------------------------------------------------------------------------------
+
+
+async def has_work(db: Database) -> bool:
+    """A cheap read (no write lock): is anything unrouted or due?"""
+    now = timestamp()
+    row = await db.fetch_one(
+        "SELECT EXISTS (SELECT 1 FROM notify_outbox WHERE routed_at IS NULL) AS unrouted,"
+        f" EXISTS (SELECT 1 FROM notify_deliveries WHERE {_DUE}) AS due", (now, now))
+    return bool(row and (row["unrouted"] or row["due"]))
+
+
+async def purge(db: Database, *, older_than: float) -> int:
+    """Forget events routed longer ago than `older_than` seconds whose deliveries are all settled."""
+    async with db.transaction() as tx:
+        return await tx.execute(
+            "DELETE FROM notify_outbox WHERE routed_at IS NOT NULL AND routed_at < ? AND NOT EXISTS"
+            " (SELECT 1 FROM notify_deliveries d WHERE d.event_id = notify_outbox.id"
+            "  AND d.status IN ('pending', 'delivering'))", (later(-older_than),))
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    unrouted: int
+    counts: list[Row]
+    """`destination, status, n` for every pair that has rows."""
+    problems: list[Row]
+    """Deliveries that failed for good or are retrying: newest first, with the last error."""
+    oldest_waiting: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"unrouted_events": self.unrouted, "deliveries": self.counts, "problems": self.problems,
+                "oldest_waiting_since": self.oldest_waiting}
+
+
+async def status(db: Database, *, limit: int = 20) -> OutboxStatus:
+    unrouted = await db.fetch_one("SELECT COUNT(*) AS n FROM notify_outbox WHERE routed_at IS NULL")
+    counts = await db.fetch_all(
+        "SELECT destination, status, COUNT(*) AS n FROM notify_deliveries GROUP BY destination, status"
+        " ORDER BY destination, status")
+    problems = await db.fetch_all(
+        "SELECT d.id, d.destination, d.status, d.attempts, d.next_attempt_at, d.last_error, o.event,"
+        " o.proposal_id, o.created_at FROM notify_deliveries d JOIN notify_outbox o ON o.id = d.event_id"
+        " WHERE d.status = 'failed' OR (d.status IN ('pending', 'delivering') AND d.attempts > 0)"
+        " ORDER BY d.id DESC LIMIT ?", (limit,))
+    oldest = await db.fetch_one(
+        "SELECT MIN(o.created_at) AS at FROM notify_deliveries d JOIN notify_outbox o ON o.id = d.event_id"
+        " WHERE d.status IN ('pending', 'delivering')")
+    return OutboxStatus(unrouted=int(unrouted["n"]) if unrouted else 0,
+                        counts=[{**row, "n": int(row["n"])} for row in counts], problems=problems,
+                        oldest_waiting=oldest["at"] if oldest else None)

@@ -1,0 +1,219 @@
+"""The delivery worker: a background task of every server (in `open_app`'s task group).
+
+    loop:  route new events → claim what is due (up to the free slots) → deliver each in its own
+           task (timeout per attempt) → record delivered, or retry after a bounded exponential
+           backoff, or failed after `max_attempts`
+    wake:  after `interval` seconds, at once on a push from the store (LISTEN/NOTIFY on
+           PostgreSQL), or when a delivery finishes and frees a slot
+    also:  every `sweep_every` seconds expire overdue proposals (so `proposal.expired` is told
+           without anyone reading them) and forget settled events past the retention
+
+Nothing here runs on a gate call's or a decision's path: those only write the outbox row. A dead
+channel costs this worker a slot for at most the timeout, and never anybody else any time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_knecht.core.proposals import timestamp
+from mcp_knecht.errors import DeliveryError, StoreError
+from mcp_knecht.notify import outbox
+from mcp_knecht.notify.channels import Destination
+from mcp_knecht.notify.config import NotifyConfig
+from mcp_knecht.notify.messages import render
+from mcp_knecht.store.database import Database
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL = 0.5
+SWEEP_EVERY = 30.0
+LEASE_MARGIN = 30.0
+MAX_ERROR = 500
+
+
+class Wakeups(Protocol):
+    async def wait(self, timeout: float) -> bool: ...
+
+
+WakeupSource = Callable[[], AbstractAsyncContextManager[Wakeups]]
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class NotifyWorker:
+    def __init__(
+        self,
+        db: Database,
+        config: NotifyConfig,
+        destinations: Mapping[str, Destination],
+        *,
+        scrub: Callable[[str], str],
+        expire: Callable[[str], Awaitable[int]] | None = None,
+        wakeups: WakeupSource | None = None,
+        interval: float = POLL_INTERVAL,
+        sweep_every: float = SWEEP_EVERY,
+        name: str | None = None,
+    ) -> None:
+        """`expire(now)`: the proposal repository's `expire_overdue` (its status hook writes the
+        `proposal.expired` events)."""
+        self._db = db
+        self._config = config
+        self._destinations = destinations
+        self._scrub = scrub
+        self._expire = expire
+        self._wakeups = wakeups
+        self._interval = interval
+        self._sweep_every = sweep_every
+        self.name = name or worker_name()
+        self._lease = config.delivery.timeout + LEASE_MARGIN
+        self._in_flight = 0
+        self._wake = anyio.Event()
+        self._next_sweep = 0.0
+        self.delivered = 0
+        self.failed_attempts = 0
+
+    # --- one round -------------------------------------------------------------------------------
+
+    def _router(self, event: str, facts: dict[str, Any]) -> tuple[str, ...]:
+        return self._config.route(event, facts)
+
+    async def _sweep(self) -> None:
+        now = anyio.current_time()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self._sweep_every
+        if self._expire is not None:
+            await self._expire(timestamp())
+        await outbox.purge(self._db, older_than=self._config.delivery.retention)
+
+    async def _claim(self, limit: int) -> list[outbox.Claimed]:
+        while await outbox.route(self._db, self._router):
+            pass
+        return await outbox.claim(self._db, self.name, lease=self._lease, limit=limit)
+
+    async def deliver(self, claimed: outbox.Claimed) -> bool:
+        """One attempt, recorded; True when the destination took it."""
+        try:
+            destination = self._destinations.get(claimed.destination)
+            if destination is None:
+                raise DeliveryError(f"{claimed.destination}: no such channel is configured any more", permanent=True)
+            message = render(claimed.uid, claimed.event, claimed.facts, claimed.created_at,
+                             public_url=self._config.public_url, scrub=self._scrub)
+            with anyio.fail_after(self._config.delivery.timeout + 5):
+                await destination.send(message)
+        except DeliveryError as exc:
+            await self._record_failure(claimed, exc.message, permanent=exc.permanent)
+            return False
+        except TimeoutError:
+            await self._record_failure(claimed, f"{claimed.destination}: no answer within the timeout", permanent=False)
+            return False
+        except Exception as exc:  # a bug or a library surprise: recorded and retried like any failure
+            logger.exception("Delivering %s to %s failed unexpectedly", claimed.uid, claimed.destination)
+            await self._record_failure(claimed, f"{claimed.destination}: {type(exc).__name__}", permanent=False)
+            return False
+        self.delivered += 1
+        await self._record(outbox.delivered(self._db, claimed.id, self.name))
+        return True
+
+    async def _record_failure(self, claimed: outbox.Claimed, error: str, *, permanent: bool) -> None:
+        self.failed_attempts += 1
+        error = self._scrub(error)[:MAX_ERROR]
+        delivery = self._config.delivery
+        give_up = permanent or claimed.attempts >= delivery.max_attempts
+        retry_in = None if give_up else delivery.retry_delay(claimed.attempts) * random.uniform(0.8, 1.0)
+        if give_up:
+            logger.warning("Notification %s to %s failed for good after %d attempt(s): %s", claimed.event,
+                           claimed.destination, claimed.attempts, error)
+        await self._record(outbox.failed(self._db, claimed.id, self.name, error, retry_in=retry_in))
+
+    async def _record(self, update: Awaitable[bool]) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await update
+        except StoreError as exc:  # the lease runs out and the delivery is claimed again
+            logger.warning("Cannot record a delivery outcome (%s); it will be retried", exc.message)
+
+    async def run_once(self) -> int:
+        """Route and deliver everything due now, waiting for each attempt; returns the attempts.
+        For `notify` commands, tests and benchmarks; the server runs `run`."""
+        attempts = 0
+        while claimed := await self._claim(self._config.delivery.concurrency):
+            async with anyio.create_task_group() as tasks:
+                for each in claimed:
+                    tasks.start_soon(self.deliver, each)
+            attempts += len(claimed)
+        return attempts
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def _start_deliveries(self, tasks: TaskGroup) -> None:
+        free = self._config.delivery.concurrency - self._in_flight
+        if free <= 0 or not await outbox.has_work(self._db):
+            return
+        for claimed in await self._claim(free):
+            self._in_flight += 1
+            tasks.start_soon(self._deliver_and_wake, claimed)
+
+    async def _deliver_and_wake(self, claimed: outbox.Claimed) -> None:
+        try:
+            await self.deliver(claimed)
+        finally:
+            self._in_flight -= 1
+            self._wake.set()
+
+    async def _round(self, tasks: TaskGroup) -> None:
+        try:
+            await self._sweep()
+            await self._start_deliveries(tasks)
+        except StoreError as exc:
+            logger.warning("Notification delivery paused (%s); trying again", exc.message)
+        except Exception:
+            logger.exception("Notification delivery round failed; trying again")
+
+    async def _pause(self, push: Wakeups | None) -> None:
+        with anyio.move_on_after(self._interval):
+            async with anyio.create_task_group() as waiting:
+                async def on_wake() -> None:
+                    await self._wake.wait()
+                    waiting.cancel_scope.cancel()
+
+                async def on_push() -> None:
+                    assert push is not None
+                    await push.wait(self._interval)
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(on_wake)
+                if push is not None:
+                    waiting.start_soon(on_push)
+        self._wake = anyio.Event()
+
+    async def run(self) -> None:
+        """Deliver until cancelled; on the way out hand back what is still held."""
+        try:
+            async with anyio.create_task_group() as tasks:
+                if self._wakeups is None:
+                    while True:
+                        await self._round(tasks)
+                        await self._pause(None)
+                async with self._wakeups() as push:
+                    while True:
+                        await self._round(tasks)
+                        await self._pause(push)
+        finally:
+            # Shielded and bounded; if the store is gone, the leases run out instead.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5), contextlib.suppress(StoreError):
+                await outbox.release(self._db, self.name)
