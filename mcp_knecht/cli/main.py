@@ -23,6 +23,7 @@ examples:
   mcp-knecht serve --transport http --port 8765
   mcp-knecht policy explain rerun_run        which rule decides, and why
   mcp-knecht audit verify                    check the audit hash chain
+  mcp-knecht notify test                     a test message to every notification channel
 """
 
 
@@ -254,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(quick)
     quick.set_defaults(handler=_cmd_quickstart)
 
-    from mcp_knecht.cli.admin import add_commands
+    from mcp_knecht.cli import admin, notify
 
-    add_commands(commands, _common)
+    admin.add_commands(commands, _common)
+    notify.add_commands(commands, _common)
     return parser
 
 

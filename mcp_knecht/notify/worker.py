@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.5
 SWEEP_EVERY = 30.0
-LEASE_MARGIN = 30.0
 MAX_ERROR = 500
 
 
@@ -79,7 +78,9 @@ class NotifyWorker:
         self._interval = interval
         self._sweep_every = sweep_every
         self.name = name or worker_name()
-        self._lease = config.delivery.timeout + LEASE_MARGIN
+        # Longer than any attempt can take (the send is cut off at timeout + 5 s): a lease that runs
+        # out means its holder died, and the delivery is claimed again.
+        self._lease = 2 * config.delivery.timeout + 5
         self._in_flight = 0
         self._wake = anyio.Event()
         self._next_sweep = 0.0
