@@ -5,6 +5,7 @@ took, and an SMTP server (aiosmtpd) for apprise's mailto://."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import secrets
 import threading
@@ -104,13 +105,11 @@ class WebhookReceiver:
 
 def _handler_for(receiver: WebhookReceiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            try:
+        def do_POST(self) -> None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the sender was killed
                 receiver._handle(self)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the sender is gone (killed in a test)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     return Handler
@@ -167,7 +166,7 @@ def mailbox() -> Iterator[Mailbox]:
     box = Mailbox(port=free_port())
 
     class Collect:
-        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
             box.messages.append(message_from_bytes(envelope.content))
             return "250 OK"
 

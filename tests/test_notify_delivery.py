@@ -293,7 +293,7 @@ async def test_a_server_with_a_malformed_channel_does_not_start(staged_env: dict
     from mcp_knecht.errors import ConfigError
 
     env = configure(staged_env, '[notify.channels]\nops = "mailto://nobody?to=not-an-address"\n')
-    with pytest.raises(ConfigError, match="notify.channels.ops: apprise cannot use this URL"):
+    with pytest.raises(ConfigError, match=r"notify\.channels\.ops: apprise cannot use this URL"):
         async with open_app(load_settings(env=env)):
             pass
     async with open_app(load_settings(env=env), watch_policy=False):

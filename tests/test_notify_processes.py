@@ -187,7 +187,9 @@ async def test_notify_test_sends_to_each_channel_and_says_which_failed(
     assert unknown.returncode == 2 and "no channel 'pager'; configured: ops, webhook" in unknown.stderr
 
 
-async def test_serve_refuses_to_start_with_a_malformed_channel(tmp_path: Path, webhook_receiver: WebhookReceiver) -> None:
+async def test_serve_refuses_to_start_with_a_malformed_channel(
+    tmp_path: Path, webhook_receiver: WebhookReceiver
+) -> None:
     env = deployment(f"sqlite:///{tmp_path / 'knecht.db'}", tmp_path, webhook_receiver,
                      '[notify]\npending = ["ops"]\n[notify.channels]\nops = "mailto://?to=nobody"\n')
     started = await acli("mcp-knecht", env, "serve", "--transport", "http", "--port", str(free_port()), timeout=30)
