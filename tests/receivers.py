@@ -25,6 +25,11 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from tests.servers import free_port
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the default 5 drops concurrent connects (a 1 s SYN retry each)
+    daemon_threads = True
+
+
 def new_webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
@@ -118,7 +123,7 @@ def _handler_for(receiver: WebhookReceiver) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def webhook_receiver() -> Iterator[WebhookReceiver]:
     receiver = WebhookReceiver(secret=new_webhook_secret())
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(receiver))
+    server = _Server(("127.0.0.1", 0), _handler_for(receiver))
     server.daemon_threads = True
     receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/knecht"
     thread = threading.Thread(target=server.serve_forever, daemon=True)

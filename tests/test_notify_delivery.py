@@ -198,6 +198,11 @@ async def test_two_workers_on_one_store_deliver_each_event_exactly_once(
                     db, config, destinations(config, client), scrub=app.secrets, interval=0.05, name=name), db,
                     workers)
             await webhook_receiver.wait_for(count, timeout=60)
+
+            async def all_recorded() -> bool:
+                return [r["status"] for r in await deliveries(app)] == ["delivered"] * count
+
+            await until(all_recorded)  # every outcome written, none lost between send and record
             await anyio.sleep(0.3)  # time for a duplicate to show, if there were one
             tasks.cancel_scope.cancel()
     assert len(webhook_receiver.delivered) == count
@@ -227,7 +232,7 @@ async def test_a_worker_that_died_holding_a_delivery_is_replaced_after_its_lease
         assert await worker.run_once() == 1
         [row] = await deliveries(app)
         assert (row["status"], row["attempts"]) == ("delivered", 2)
-        assert not await outbox.delivered(app.db, held.id, "killed-worker")  # too late: not its claim any more
+        assert not await outbox.holds(app.db, held.id, "killed-worker")  # its claim was taken over
     assert webhook_receiver.ids() == {held.uid: 1}
 
 

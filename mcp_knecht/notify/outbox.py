@@ -73,24 +73,28 @@ Router = Callable[[str, dict[str, Any]], Sequence[str]]
 """`router(event, facts) -> destination names`."""
 
 
+async def _route(tx: Transaction, db: Database, router: Router, limit: int) -> int:
+    now = timestamp()
+    events = await tx.fetch_all(
+        f"SELECT id, event, payload_json FROM notify_outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?"
+        f"{_skip_locked(db)}", (limit,))
+    if not events:
+        return 0
+    rows = [(event["id"], destination, now)
+            for event in events for destination in router(event["event"], json.loads(event["payload_json"]))]
+    await tx.execute_many(
+        "INSERT INTO notify_deliveries (event_id, destination, status, attempts, next_attempt_at)"
+        " VALUES (?, ?, 'pending', 0, ?) ON CONFLICT (event_id, destination) DO NOTHING", rows)
+    ids = [event["id"] for event in events]
+    await tx.execute(f"UPDATE notify_outbox SET routed_at = ? WHERE id IN ({', '.join('?' * len(ids))})",
+                     (now, *ids))
+    return len(events)
+
+
 async def route(db: Database, router: Router, *, limit: int = ROUTE_BATCH) -> int:
     """Fan unrouted events out to their destinations; returns how many events were routed."""
-    now = timestamp()
     async with db.transaction() as tx:
-        events = await tx.fetch_all(
-            f"SELECT id, event, payload_json FROM notify_outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?"
-            f"{_skip_locked(db)}", (limit,))
-        if not events:
-            return 0
-        rows = [(event["id"], destination, now)
-                for event in events for destination in router(event["event"], json.loads(event["payload_json"]))]
-        await tx.execute_many(
-            "INSERT INTO notify_deliveries (event_id, destination, status, attempts, next_attempt_at)"
-            " VALUES (?, ?, 'pending', 0, ?) ON CONFLICT (event_id, destination) DO NOTHING", rows)
-        ids = [event["id"] for event in events]
-        await tx.execute(f"UPDATE notify_outbox SET routed_at = ? WHERE id IN ({', '.join('?' * len(ids))})",
-                         (now, *ids))
-    return len(events)
+        return await _route(tx, db, router, limit)
 
 
 # --- claiming and recording ----------------------------------------------------------------------
@@ -111,26 +115,22 @@ class Claimed:
 _DUE = "((status = 'pending' AND next_attempt_at <= ?) OR (status = 'delivering' AND lease_until <= ?))"
 
 
-async def claim(db: Database, worker: str, *, lease: float, limit: int) -> list[Claimed]:
-    """Up to `limit` due deliveries (new, retry due, or lease expired), now held by `worker`."""
-    if limit <= 0:
-        return []
+async def _claim(tx: Transaction, db: Database, worker: str, lease: float, limit: int) -> list[Claimed]:
     now = timestamp()
-    async with db.transaction() as tx:
-        rows = await tx.fetch_all(
-            "UPDATE notify_deliveries SET status = 'delivering', claimed_by = ?, lease_until = ?,"
-            " attempts = attempts + 1"
-            f" WHERE id IN (SELECT id FROM notify_deliveries WHERE {_DUE} ORDER BY next_attempt_at, id LIMIT ?"
-            f"{_skip_locked(db)}) AND {_DUE}"
-            " RETURNING id, event_id, destination, attempts",
-            (worker, later(lease), now, now, limit, now, now),
-        )
-        if not rows:
-            return []
-        event_ids = sorted({row["event_id"] for row in rows})
-        events = {e["id"]: e for e in await tx.fetch_all(
-            f"SELECT id, uid, event, payload_json, created_at FROM notify_outbox"
-            f" WHERE id IN ({', '.join('?' * len(event_ids))})", event_ids)}
+    rows = await tx.fetch_all(
+        "UPDATE notify_deliveries SET status = 'delivering', claimed_by = ?, lease_until = ?,"
+        " attempts = attempts + 1"
+        f" WHERE id IN (SELECT id FROM notify_deliveries WHERE {_DUE} ORDER BY next_attempt_at, id LIMIT ?"
+        f"{_skip_locked(db)}) AND {_DUE}"
+        " RETURNING id, event_id, destination, attempts",
+        (worker, later(lease), now, now, limit, now, now),
+    )
+    if not rows:
+        return []
+    event_ids = sorted({row["event_id"] for row in rows})
+    events = {e["id"]: e for e in await tx.fetch_all(
+        f"SELECT id, uid, event, payload_json, created_at FROM notify_outbox"
+        f" WHERE id IN ({', '.join('?' * len(event_ids))})", event_ids)}
     return [Claimed(id=row["id"], destination=row["destination"], attempts=row["attempts"],
                     uid=events[row["event_id"]]["uid"], event=events[row["event_id"]]["event"],
                     facts=json.loads(events[row["event_id"]]["payload_json"]),
@@ -138,26 +138,53 @@ async def claim(db: Database, worker: str, *, lease: float, limit: int) -> list[
             for row in sorted(rows, key=lambda r: r["id"])]
 
 
-async def delivered(db: Database, delivery_id: int, worker: str) -> bool:
+async def claim(db: Database, worker: str, *, lease: float, limit: int) -> list[Claimed]:
+    """Up to `limit` due deliveries (new, retry due, or lease expired), now held by `worker`."""
+    if limit <= 0:
+        return []
     async with db.transaction() as tx:
-        return await tx.execute(
-            "UPDATE notify_deliveries SET status = 'delivered', delivered_at = ?, lease_until = NULL,"
-            " last_error = NULL WHERE id = ? AND claimed_by = ? AND status = 'delivering'",
-            (timestamp(), delivery_id, worker)) == 1
+        return await _claim(tx, db, worker, lease, limit)
 
 
-async def failed(db: Database, delivery_id: int, worker: str, error: str, *, retry_in: float | None) -> bool:
-    """Record a failed attempt: back to `pending` after `retry_in` seconds, or `failed` for good (None)."""
+async def take(db: Database, router: Router, worker: str, *, lease: float, limit: int,
+               route_limit: int = ROUTE_BATCH) -> list[Claimed]:
+    """`route` and `claim` in one transaction (the worker's round: one commit, not two)."""
     async with db.transaction() as tx:
-        if retry_in is None:
-            return await tx.execute(
-                "UPDATE notify_deliveries SET status = 'failed', lease_until = NULL, last_error = ?"
-                " WHERE id = ? AND claimed_by = ? AND status = 'delivering'",
-                (error, delivery_id, worker)) == 1
-        return await tx.execute(
-            "UPDATE notify_deliveries SET status = 'pending', next_attempt_at = ?, lease_until = NULL,"
-            " last_error = ? WHERE id = ? AND claimed_by = ? AND status = 'delivering'",
-            (later(retry_in), error, delivery_id, worker)) == 1
+        await _route(tx, db, router, route_limit)
+        return await _claim(tx, db, worker, lease, limit) if limit > 0 else []
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    delivery_id: int
+    error: str | None = None
+    """None: delivered."""
+    retry_in: float | None = None
+    """After a failed attempt: seconds until the next, or None to give up (`failed`)."""
+
+
+async def record(db: Database, worker: str, outcomes: Sequence[Outcome]) -> None:
+    """Record attempts in one transaction; only rows `worker` still holds change."""
+    now = datetime.now(UTC)
+    done = [(timestamp(now), o.delivery_id, worker) for o in outcomes if o.error is None]
+    retry = [(later(o.retry_in, now), o.error, o.delivery_id, worker)
+             for o in outcomes if o.error is not None and o.retry_in is not None]
+    gave_up = [(o.error, o.delivery_id, worker) for o in outcomes if o.error is not None and o.retry_in is None]
+    held = " WHERE id = ? AND claimed_by = ? AND status = 'delivering'"
+    async with db.transaction() as tx:
+        await tx.execute_many("UPDATE notify_deliveries SET status = 'delivered', delivered_at = ?,"
+                              " lease_until = NULL, last_error = NULL" + held, done)
+        await tx.execute_many("UPDATE notify_deliveries SET status = 'pending', next_attempt_at = ?,"
+                              " lease_until = NULL, last_error = ?" + held, retry)
+        await tx.execute_many("UPDATE notify_deliveries SET status = 'failed', lease_until = NULL,"
+                              " last_error = ?" + held, gave_up)
+
+
+async def holds(db: Database, delivery_id: int, worker: str) -> bool:
+    """Does `worker` still hold this delivery (its claim not taken over after its lease ran out)?"""
+    row = await db.fetch_one("SELECT 1 AS held FROM notify_deliveries WHERE id = ? AND claimed_by = ?"
+                             " AND status = 'delivering'", (delivery_id, worker))
+    return row is not None
 
 
 async def release(db: Database, worker: str) -> int:
@@ -172,13 +199,25 @@ async def release(db: Database, worker: str) -> int:
 # --- looking -------------------------------------------------------------------------------------
 
 
-async def has_work(db: Database) -> bool:
-    """A cheap read (no write lock): is anything unrouted or due?"""
-    now = timestamp()
+@dataclass(frozen=True, slots=True)
+class Due:
+    now: bool
+    """Something is unrouted, or a delivery is due (new, retry, or a lease that ran out)."""
+    next_at: str | None
+    """When the earliest waiting retry or held lease falls due (None: nothing waits)."""
+
+
+async def due(db: Database) -> Due:
+    """A cheap read (no write lock): is there work now, and when is the next?"""
     row = await db.fetch_one(
         "SELECT EXISTS (SELECT 1 FROM notify_outbox WHERE routed_at IS NULL) AS unrouted,"
-        f" EXISTS (SELECT 1 FROM notify_deliveries WHERE {_DUE}) AS due", (now, now))
-    return bool(row and (row["unrouted"] or row["due"]))
+        " (SELECT MIN(next_attempt_at) FROM notify_deliveries WHERE status = 'pending') AS retry,"
+        " (SELECT MIN(lease_until) FROM notify_deliveries WHERE status = 'delivering') AS lease")
+    if row is None:
+        return Due(False, None)
+    waiting = [at for at in (row["retry"], row["lease"]) if at is not None]
+    next_at = min(waiting) if waiting else None
+    return Due(bool(row["unrouted"]) or (next_at is not None and next_at <= timestamp()), next_at)
 
 
 async def purge(db: Database, *, older_than: float) -> int:

@@ -22,6 +22,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
@@ -39,6 +40,12 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.5
 SWEEP_EVERY = 30.0
+MIN_PAUSE = 0.02
+"""Rows another replica is claiming right now look due until it commits: do not spin on them."""
+BATCH_WINDOW = 0.05
+"""After a push from the store, wait this long so that a burst of changes makes one round."""
+RECORD_WINDOW = 0.02
+"""Outcomes finishing within this long of each other are recorded in one transaction."""
 MAX_ERROR = 500
 
 
@@ -47,6 +54,11 @@ class Wakeups(Protocol):
 
 
 WakeupSource = Callable[[], AbstractAsyncContextManager[Wakeups]]
+
+
+def _seconds_until(stored: str) -> float:
+    moment = datetime.strptime(stored, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    return (moment - datetime.now(UTC)).total_seconds()
 
 
 def worker_name() -> str:
@@ -83,11 +95,13 @@ class NotifyWorker:
         self._lease = 2 * config.delivery.timeout + 5
         self._in_flight = 0
         self._wake = anyio.Event()
+        self._outcomes: list[outbox.Outcome] = []
+        self._outcomes_waiting = anyio.Event()
         self._next_sweep = 0.0
         self.delivered = 0
         self.failed_attempts = 0
 
-    # --- one round -------------------------------------------------------------------------------
+    # --- one attempt ----------------------------------------------------------------------------
 
     def _router(self, event: str, facts: dict[str, Any]) -> tuple[str, ...]:
         return self._config.route(event, facts)
@@ -101,13 +115,11 @@ class NotifyWorker:
             await self._expire(timestamp())
         await outbox.purge(self._db, older_than=self._config.delivery.retention)
 
-    async def _claim(self, limit: int) -> list[outbox.Claimed]:
-        while await outbox.route(self._db, self._router):
-            pass
-        return await outbox.claim(self._db, self.name, lease=self._lease, limit=limit)
+    async def _take(self, limit: int) -> list[outbox.Claimed]:
+        return await outbox.take(self._db, self._router, self.name, lease=self._lease, limit=limit)
 
-    async def deliver(self, claimed: outbox.Claimed) -> bool:
-        """One attempt, recorded; True when the destination took it."""
+    async def attempt(self, claimed: outbox.Claimed) -> outbox.Outcome:
+        """Send once; never raises: the outcome says delivered, retry later, or give up."""
         try:
             destination = self._destinations.get(claimed.destination)
             if destination is None:
@@ -117,76 +129,103 @@ class NotifyWorker:
             with anyio.fail_after(self._config.delivery.timeout + 5):
                 await destination.send(message)
         except DeliveryError as exc:
-            await self._record_failure(claimed, exc.message, permanent=exc.permanent)
-            return False
+            return self._failure(claimed, exc.message, permanent=exc.permanent)
         except TimeoutError:
-            await self._record_failure(claimed, f"{claimed.destination}: no answer within the timeout", permanent=False)
-            return False
+            return self._failure(claimed, f"{claimed.destination}: no answer within the timeout", permanent=False)
         except Exception as exc:  # a bug or a library surprise: recorded and retried like any failure
             logger.exception("Delivering %s to %s failed unexpectedly", claimed.uid, claimed.destination)
-            await self._record_failure(claimed, f"{claimed.destination}: {type(exc).__name__}", permanent=False)
-            return False
+            return self._failure(claimed, f"{claimed.destination}: {type(exc).__name__}", permanent=False)
         self.delivered += 1
-        await self._record(outbox.delivered(self._db, claimed.id, self.name))
-        return True
+        return outbox.Outcome(claimed.id)
 
-    async def _record_failure(self, claimed: outbox.Claimed, error: str, *, permanent: bool) -> None:
+    def _failure(self, claimed: outbox.Claimed, error: str, *, permanent: bool) -> outbox.Outcome:
         self.failed_attempts += 1
         error = self._scrub(error)[:MAX_ERROR]
         delivery = self._config.delivery
-        give_up = permanent or claimed.attempts >= delivery.max_attempts
-        retry_in = None if give_up else delivery.retry_delay(claimed.attempts) * random.uniform(0.8, 1.0)
-        if give_up:
+        if permanent or claimed.attempts >= delivery.max_attempts:
             logger.warning("Notification %s to %s failed for good after %d attempt(s): %s", claimed.event,
                            claimed.destination, claimed.attempts, error)
-        await self._record(outbox.failed(self._db, claimed.id, self.name, error, retry_in=retry_in))
+            return outbox.Outcome(claimed.id, error=error, retry_in=None)
+        return outbox.Outcome(claimed.id, error=error,
+                              retry_in=delivery.retry_delay(claimed.attempts) * random.uniform(0.8, 1.0))
 
-    async def _record(self, update: Awaitable[bool]) -> None:
+    async def _record(self, outcomes: list[outbox.Outcome]) -> None:
+        if not outcomes:
+            return
         try:
             with anyio.CancelScope(shield=True):
-                await update
-        except StoreError as exc:  # the lease runs out and the delivery is claimed again
-            logger.warning("Cannot record a delivery outcome (%s); it will be retried", exc.message)
+                await outbox.record(self._db, self.name, outcomes)
+        except StoreError as exc:  # the leases run out and the deliveries are claimed again
+            logger.warning("Cannot record %d delivery outcome(s) (%s); they will be retried", len(outcomes),
+                           exc.message)
 
     async def run_once(self) -> int:
         """Route and deliver everything due now, waiting for each attempt; returns the attempts.
         For `notify` commands, tests and benchmarks; the server runs `run`."""
         attempts = 0
-        while claimed := await self._claim(self._config.delivery.concurrency):
+        while claimed := await self._take(self._config.delivery.concurrency):
+            outcomes: list[outbox.Outcome] = []
             async with anyio.create_task_group() as tasks:
                 for each in claimed:
-                    tasks.start_soon(self.deliver, each)
+                    tasks.start_soon(self._attempt_into, each, outcomes)
+            await self._record(outcomes)
             attempts += len(claimed)
         return attempts
 
+    async def _attempt_into(self, claimed: outbox.Claimed, outcomes: list[outbox.Outcome]) -> None:
+        outcomes.append(await self.attempt(claimed))
+
     # --- the loop --------------------------------------------------------------------------------
 
-    async def _start_deliveries(self, tasks: TaskGroup) -> None:
+    async def _start_deliveries(self, tasks: TaskGroup) -> float:
+        """Start what is due in the free slots; return how long to pause at most."""
         free = self._config.delivery.concurrency - self._in_flight
-        if free <= 0 or not await outbox.has_work(self._db):
-            return
-        for claimed in await self._claim(free):
-            self._in_flight += 1
-            tasks.start_soon(self._deliver_and_wake, claimed)
+        if free <= 0:
+            return self._interval  # a finishing delivery wakes the loop
+        due = await outbox.due(self._db)
+        if due.now:
+            for claimed in await self._take(free):
+                self._in_flight += 1
+                tasks.start_soon(self._deliver_and_wake, claimed)
+            due = await outbox.due(self._db)
+        if due.next_at is None:
+            return self._interval
+        return min(self._interval, max(MIN_PAUSE, _seconds_until(due.next_at)))
 
     async def _deliver_and_wake(self, claimed: outbox.Claimed) -> None:
         try:
-            await self.deliver(claimed)
+            outcome = await self.attempt(claimed)  # first: the recorder swaps the list meanwhile
+            self._outcomes.append(outcome)
+            self._outcomes_waiting.set()
         finally:
             self._in_flight -= 1
             self._wake.set()
 
-    async def _round(self, tasks: TaskGroup) -> None:
+    async def _recorder(self) -> None:
+        """Outcomes are written in groups (one transaction per `RECORD_WINDOW`), not one each."""
+        try:
+            while True:
+                await self._outcomes_waiting.wait()
+                await anyio.sleep(RECORD_WINDOW)
+                self._outcomes_waiting = anyio.Event()
+                batch, self._outcomes = self._outcomes, []
+                await self._record(batch)
+        finally:
+            batch, self._outcomes = self._outcomes, []
+            await self._record(batch)
+
+    async def _round(self, tasks: TaskGroup) -> float:
         try:
             await self._sweep()
-            await self._start_deliveries(tasks)
+            return await self._start_deliveries(tasks)
         except StoreError as exc:
             logger.warning("Notification delivery paused (%s); trying again", exc.message)
         except Exception:
             logger.exception("Notification delivery round failed; trying again")
+        return self._interval
 
-    async def _pause(self, push: Wakeups | None) -> None:
-        with anyio.move_on_after(self._interval):
+    async def _pause(self, push: Wakeups | None, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
             async with anyio.create_task_group() as waiting:
                 async def on_wake() -> None:
                     await self._wake.wait()
@@ -194,7 +233,8 @@ class NotifyWorker:
 
                 async def on_push() -> None:
                     assert push is not None
-                    await push.wait(self._interval)
+                    if await push.wait(seconds):
+                        await anyio.sleep(BATCH_WINDOW)  # a burst of changes: one round, not one each
                     waiting.cancel_scope.cancel()
 
                 waiting.start_soon(on_wake)
@@ -206,14 +246,13 @@ class NotifyWorker:
         """Deliver until cancelled; on the way out hand back what is still held."""
         try:
             async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._recorder)
                 if self._wakeups is None:
                     while True:
-                        await self._round(tasks)
-                        await self._pause(None)
+                        await self._pause(None, await self._round(tasks))
                 async with self._wakeups() as push:
                     while True:
-                        await self._round(tasks)
-                        await self._pause(push)
+                        await self._pause(push, await self._round(tasks))
         finally:
             # Shielded and bounded; if the store is gone, the leases run out instead.
             with anyio.CancelScope(shield=True), anyio.move_on_after(5), contextlib.suppress(StoreError):
