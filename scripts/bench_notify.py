@@ -16,9 +16,11 @@ deliver?
      every delivery slot stuck),
    all with the default delivery settings.
    Variants run in rounds (each round every variant once, in turn) and samples are pooled, so
-   drift of the machine hits them alike. Ratios are against `none`.
+   drift of the machine hits them alike. Calls come `--pace` seconds apart (the worker delivers
+   in the gaps, as between a real server's requests). Ratios are against `none`; "attempts
+   meanwhile" counts the delivery attempts made while the calls were measured.
 2. Throughput: N proposals staged with no worker running (N pending events), then one worker
-   (`run`, as in the server; concurrency 8) delivers them to a local receiver (in this process)
+   (`run`, as in the server; concurrency 8) delivers them to a local receiver (its own process)
    that verifies every signature with `standardwebhooks` and answers 200: events per second,
    from the worker's start to the receiver holding the last one.
 
@@ -37,7 +39,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,13 +96,27 @@ def hanging_endpoint() -> Iterator[str]:
         sock.close()
 
 
-@contextmanager
-def verifying_receiver(secret: str) -> Iterator[list[int]]:
+class Counts:
+    """Deliveries the receiver process verified and refused, shared with this process."""
+
+    def __init__(self, context: Any) -> None:
+        self._verified = context.Value("i", 0)
+        self._refused = context.Value("i", 0)
+        self.port = 0
+
+    @property
+    def verified(self) -> int:
+        return int(self._verified.value)
+
+    @property
+    def refused(self) -> int:
+        return int(self._refused.value)
+
+
+def _serve_receiver(secret: str, sock: socket.socket, counts: Counts) -> None:
     from standardwebhooks import Webhook
 
     verifier = Webhook(secret)
-    taken = [0, 0]  # verified, refused
-    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -111,8 +126,9 @@ def verifying_receiver(secret: str) -> Iterator[list[int]]:
                 ok = True
             except Exception:
                 ok = False
-            with lock:
-                taken[0 if ok else 1] += 1
+            counter = counts._verified if ok else counts._refused
+            with counter.get_lock():
+                counter.value += 1
             self.send_response(200 if ok else 401)
             self.send_header("content-length", "0")
             self.end_headers()
@@ -120,16 +136,32 @@ def verifying_receiver(secret: str) -> Iterator[list[int]]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = _Server(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    taken.append(server.server_address[1])
+    server = _Server(("127.0.0.1", 0), Handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_activate()
+    server.serve_forever()
+
+
+@contextmanager
+def verifying_receiver(secret: str) -> Iterator[Counts]:
+    """A receiver in its own process (so that its work does not share this process's GIL) that
+    verifies every signature with `standardwebhooks`: 200 if good, 401 if not."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    counts = Counts(context)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    counts.port = sock.getsockname()[1]
+    process = context.Process(target=_serve_receiver, args=(secret, sock, counts), daemon=True)
+    process.start()
+    sock.close()
     try:
-        yield taken
+        yield counts
     finally:
-        server.shutdown()
-        server.server_close()
+        process.terminate()
+        process.join(5)
 
 
 # --- stores --------------------------------------------------------------------------------------
@@ -171,7 +203,7 @@ def _env(url: str, folder: Path, knecht_toml: str, webhook: str | None, secret: 
 # --- 1. latency ----------------------------------------------------------------------------------
 
 
-async def _measure(env: dict[str, str], calls: int, variant: str) -> tuple[list[float], list[float], int]:
+async def _measure(env: dict[str, str], calls: int, variant: str, pace: float) -> tuple[list[float], list[float], int]:
     """Stage `calls` proposals and decide each; the worker runs as in `serve` (unless switched off)."""
     real_writer, real_worker = app_module.OutboxWriter, app_module.notification_worker
     outbox = variant != "no-outbox"
@@ -197,7 +229,7 @@ async def _measure(env: dict[str, str], calls: int, variant: str) -> tuple[list[
                 else:
                     await service.approve(proposal_id, Operator("bench-operator"))
                 decide_ms.append((time.perf_counter() - started) * 1000)
-                await anyio.sleep(0)  # let the worker's tasks in, as the server's other requests would
+                await anyio.sleep(pace)  # calls arrive with gaps, in which the worker delivers
             row = await app.db.fetch_one("SELECT COALESCE(SUM(attempts), 0) AS n FROM notify_deliveries") \
                 if outbox else {"n": 0}
             return stage_ms, decide_ms, int(row["n"]) if row else 0
@@ -211,7 +243,7 @@ def _stats(samples: list[float]) -> dict[str, float]:
             "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 3)}
 
 
-def latency(kind: str, calls: int, rounds: int) -> dict[str, Any]:
+def latency(kind: str, calls: int, rounds: int, pace: float) -> dict[str, Any]:
     secret = new_webhook_secret()
     samples: dict[str, tuple[list[float], list[float]]] = {v: ([], []) for v in VARIANTS}
     attempts: dict[str, int] = dict.fromkeys(VARIANTS, 0)
@@ -220,14 +252,14 @@ def latency(kind: str, calls: int, rounds: int) -> dict[str, Any]:
         refused = f"http://127.0.0.1:{_free_port()}/hook"
         # Default delivery settings throughout (timeout 10 s, retries from 10 s doubling).
         setups = {"no-outbox": ("", None), "outbox-only": ("", None), "none": ("", None),
-                  "live": ("", f"http://127.0.0.1:{live[2]}/hook"), "dead-refused": ("", refused),
+                  "live": ("", f"http://127.0.0.1:{live.port}/hook"), "dead-refused": ("", refused),
                   "dead-hanging": ("", hanging)}
         for round_number in range(rounds):
             for variant in VARIANTS:
                 knecht_toml, webhook = setups[variant]
                 with store(kind, folder / f"{variant}-{round_number}", variant) as url:
                     env = _env(url, folder / f"{variant}-{round_number}", knecht_toml, webhook, secret)
-                    stage_ms, decide_ms, tried = anyio.run(_measure, env, calls, variant)
+                    stage_ms, decide_ms, tried = anyio.run(_measure, env, calls, variant, pace)
                 samples[variant][0].extend(stage_ms)
                 samples[variant][1].extend(decide_ms)
                 attempts[variant] += tried
@@ -258,7 +290,7 @@ async def _stage_events(env: dict[str, str], count: int) -> None:
             await app.gate.call_tool(agent, "record_effect", {"label": f"e{n}"})
 
 
-async def _deliver_all(env: dict[str, str], taken: list[int], events: int) -> tuple[float, int]:
+async def _deliver_all(env: dict[str, str], taken: Counts, events: int) -> tuple[float, int]:
     """The worker as the server runs it (`run`, pipelined), until the receiver has every event."""
     import httpx2
 
@@ -272,7 +304,7 @@ async def _deliver_all(env: dict[str, str], taken: list[int], events: int) -> tu
             started = time.perf_counter()
             tasks.start_soon(worker.run)
             with anyio.fail_after(600):
-                while taken[0] + taken[1] < events:
+                while taken.verified + taken.refused < events:
                     await anyio.sleep(0.005)
             seconds = time.perf_counter() - started
             tasks.cancel_scope.cancel()
@@ -284,18 +316,19 @@ def throughput(kind: str, events: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, verifying_receiver(secret) as taken:
         folder = Path(tmp)
         with store(kind, folder, "throughput") as url:
-            env = _env(url, folder, "", f"http://127.0.0.1:{taken[2]}/hook", secret)
+            env = _env(url, folder, "", f"http://127.0.0.1:{taken.port}/hook", secret)
             anyio.run(_stage_events, env, events)
             seconds, attempts = anyio.run(_deliver_all, env, taken, events)
-    return {"events": events, "seconds": round(seconds, 3), "events_per_s": round(taken[0] / seconds, 1),
-            "verified": taken[0], "bad_signatures": taken[1], "attempts": attempts}
+    return {"events": events, "seconds": round(seconds, 3), "events_per_s": round(taken.verified / seconds, 1),
+            "verified": taken.verified, "bad_signatures": taken.refused, "attempts": attempts}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stores", nargs="+", choices=("sqlite", "postgresql"), default=["sqlite", "postgresql"])
-    parser.add_argument("--calls", type=int, default=150, help="staged calls (and decisions) per variant and round")
+    parser.add_argument("--calls", type=int, default=300, help="staged calls (and decisions) per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pace", type=float, default=0.005, help="seconds between two calls (default 0.005)")
     parser.add_argument("--events", type=int, default=1000, help="events for the throughput run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -305,7 +338,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     for kind in args.stores:
         progress(f"{kind}: latency, {len(VARIANTS)} variants x {args.rounds} rounds x {args.calls} calls")
-        results[kind] = {"latency": latency(kind, args.calls, args.rounds)}
+        results[kind] = {"latency": latency(kind, args.calls, args.rounds, args.pace)}
         progress(f"{kind}: throughput, {args.events} events")
         results[kind]["throughput"] = throughput(kind, args.events)
     if args.json:

@@ -42,9 +42,9 @@ POLL_INTERVAL = 0.5
 SWEEP_EVERY = 30.0
 MIN_PAUSE = 0.02
 """Rows another replica is claiming right now look due until it commits: do not spin on them."""
-BATCH_WINDOW = 0.05
+BATCH_WINDOW = 0.1
 """After a push from the store, wait this long so that a burst of changes makes one round."""
-RECORD_WINDOW = 0.02
+RECORD_WINDOW = 0.05
 """Outcomes finishing within this long of each other are recorded in one transaction."""
 MAX_ERROR = 500
 
@@ -242,8 +242,21 @@ class NotifyWorker:
                     waiting.start_soon(on_push)
         self._wake = anyio.Event()
 
+    async def _run_without_destinations(self) -> None:
+        """Nothing to deliver to: expire, mark events routed (to no one) and purge, now and then."""
+        while True:
+            try:
+                await self._sweep()
+                while await outbox.route(self._db, self._router):
+                    pass
+            except StoreError as exc:
+                logger.warning("Notification bookkeeping paused (%s); trying again", exc.message)
+            await anyio.sleep(self._sweep_every)
+
     async def run(self) -> None:
         """Deliver until cancelled; on the way out hand back what is still held."""
+        if not self._destinations:
+            await self._run_without_destinations()
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._recorder)
