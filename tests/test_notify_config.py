@@ -190,5 +190,7 @@ def test_the_readme_documents_a_config_that_parses() -> None:
     block = re.search(r"```toml\n(\[notify\].*?)```", readme, re.DOTALL)
     assert block is not None, "README has no [notify] example"
     names = set(re.findall(r"\$\{([A-Z_]+)\}", block[1]))
-    config = parse(block[1], dict.fromkeys(names, "value-from-env"), check_channel=check_apprise_url)
-    assert config.channels and config.routes.pending
+    samples = {"SLACK_TOKEN": "T1JJ3T3L2/A1BRTD4JD/TIiajkdnlazkcOXrIdevi7FQ", "NTFY_TOPIC": "knecht-dev"}
+    env = {name: samples.get(name, "s3cretValue42") for name in names}
+    config = parse(block[1], env, check_channel=check_apprise_url)
+    assert config.channels and config.routes.pending and config.routes.tools
