@@ -247,6 +247,7 @@ def latency(kind: str, calls: int, rounds: int, pace: float) -> dict[str, Any]:
     secret = new_webhook_secret()
     samples: dict[str, tuple[list[float], list[float]]] = {v: ([], []) for v in VARIANTS}
     attempts: dict[str, int] = dict.fromkeys(VARIANTS, 0)
+    per_round: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp, hanging_endpoint() as hanging, verifying_receiver(secret) as live:
         folder = Path(tmp)
         refused = f"http://127.0.0.1:{_free_port()}/hook"
@@ -255,13 +256,15 @@ def latency(kind: str, calls: int, rounds: int, pace: float) -> dict[str, Any]:
                   "live": ("", f"http://127.0.0.1:{live.port}/hook"), "dead-refused": ("", refused),
                   "dead-hanging": ("", hanging)}
         for round_number in range(rounds):
-            for variant in VARIANTS:
+            # Every other round in reverse order, so that drift during a round hits all variants alike.
+            for variant in VARIANTS if round_number % 2 == 0 else tuple(reversed(VARIANTS)):
                 knecht_toml, webhook = setups[variant]
                 with store(kind, folder / f"{variant}-{round_number}", variant) as url:
                     env = _env(url, folder / f"{variant}-{round_number}", knecht_toml, webhook, secret)
                     stage_ms, decide_ms, tried = anyio.run(_measure, env, calls, variant, pace)
                 samples[variant][0].extend(stage_ms)
                 samples[variant][1].extend(decide_ms)
+                per_round[variant].append((statistics.median(stage_ms), statistics.median(decide_ms)))
                 attempts[variant] += tried
             progress(f"{kind}: latency round {round_number + 1}/{rounds} done")
     result: dict[str, Any] = {}
@@ -273,6 +276,12 @@ def latency(kind: str, calls: int, rounds: int, pace: float) -> dict[str, Any]:
             "stage": _stats(stage_ms), "decide": _stats(decide_ms),
             "ratio_stage_to_none": round(statistics.median(stage_ms) / base_stage, 3),
             "ratio_decide_to_none": round(statistics.median(decide_ms) / base_decide, 3),
+            # The same ratio within each round (paired, so drift between rounds cancels): its spread
+            # is the noise the pooled ratio should be read against.
+            "round_ratios_stage": [round(mine[0] / none[0], 2) for mine, none in zip(
+                per_round[variant], per_round["none"], strict=True)],
+            "round_ratios_decide": [round(mine[1] / none[1], 2) for mine, none in zip(
+                per_round[variant], per_round["none"], strict=True)],
             "delivery_attempts_meanwhile": attempts[variant],
         }
     return result
@@ -347,12 +356,14 @@ def main() -> int:
         for kind, result in results.items():
             print(f"\n{kind}: gate call (stage) and decision latency, ms "
                   f"({args.rounds} x {args.calls} samples each)")
-            print(f"  {'variant':<14}{'stage med':>10}{'p95':>8}{'ratio':>7}   {'decide med':>10}{'p95':>8}"
-                  f"{'ratio':>7}   attempts meanwhile")
+            print(f"  {'variant':<14}{'stage med':>10}{'p95':>8}{'ratio':>7} {'per round':<16}"
+                  f"{'decide med':>10}{'p95':>8}{'ratio':>7} {'per round':<16}attempts meanwhile")
             for variant, row in result["latency"].items():
+                stage_spread = f"{min(row['round_ratios_stage']):.2f}-{max(row['round_ratios_stage']):.2f}"
+                decide_spread = f"{min(row['round_ratios_decide']):.2f}-{max(row['round_ratios_decide']):.2f}"
                 print(f"  {variant:<14}{row['stage']['median_ms']:>10.3f}{row['stage']['p95_ms']:>8.2f}"
-                      f"{row['ratio_stage_to_none']:>7.2f}   {row['decide']['median_ms']:>10.3f}"
-                      f"{row['decide']['p95_ms']:>8.2f}{row['ratio_decide_to_none']:>7.2f}   "
+                      f"{row['ratio_stage_to_none']:>7.2f} {stage_spread:<16}{row['decide']['median_ms']:>10.3f}"
+                      f"{row['decide']['p95_ms']:>8.2f}{row['ratio_decide_to_none']:>7.2f} {decide_spread:<16}"
                       f"{row['delivery_attempts_meanwhile']}")
             t = result["throughput"]
             print(f"  delivery: {t['events_per_s']} events/s ({t['verified']} verified deliveries in "
