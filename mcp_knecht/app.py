@@ -1,32 +1,44 @@
-"""Composition root: config, store, toolsets, policy, gate — assembled once, used by every
+"""Composition root: settings, store, toolsets, policy, gate — assembled once, used by every
 transport and by the approval CLI."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
 
-from mcp_knecht.config import Settings
+from mcp_knecht.core.approval import ApprovalService
+from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.keys import ServerKeys, load_server_keys
 from mcp_knecht.core.policy_file import PolicySource
 from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scopes import ScopeCatalogue, load_scopes
 from mcp_knecht.core.scrub import SecretRegistry
+from mcp_knecht.core.settings import Settings
 from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.notify import OutboxWriter, notification_worker
 from mcp_knecht.store import Database, open_database
-from mcp_knecht.store.audit_log import AuditLog
-from mcp_knecht.store.notify import decision_notifier
+from mcp_knecht.store.audit_log import AuditChain, AuditLog
+from mcp_knecht.store.changes import open_change_feed
+from mcp_knecht.store.migrations import apply_migrations
 from mcp_knecht.store.proposals import SqlProposalRepository
 
+logger = logging.getLogger(__name__)
+
 FOLLOWUP_TOOLSET = "mcp_knecht.followup:toolset"
+
+SERVER_INSTRUCTIONS = (
+    "mcp-knecht gives you tools over the data of the systems named below. You only see the tools your "
+    "token allows, and every call is audited."
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,15 @@ class App:
     catalogue: ScopeCatalogue
     prompts: tuple[Prompt, ...]
     secrets: SecretRegistry
+    changes: ChangeFeed
     toolsets: tuple[Toolset, ...]
+    keys: ServerKeys
+    approvals: ApprovalService
+
+    @property
+    def instructions(self) -> str:
+        """The MCP instructions: what the server is, then what each toolset adds."""
+        return "\n\n".join([SERVER_INSTRUCTIONS, *(t.instructions for t in self.toolsets if t.instructions)])
 
     async def close_toolsets(self) -> None:
         await _close(self.toolsets)
@@ -54,12 +74,16 @@ async def _close(toolsets: Iterable[Toolset]) -> None:
             await toolset.close()
 
 
-async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistry) -> list[Toolset]:
-    context = ToolsetContext(db=db, secrets=secrets, config_dir=settings.config_dir, env=settings.env)
+async def load_toolsets(context: ToolsetContext) -> list[Toolset]:
+    """Build each toolset, create its tables, start it; on any failure release what was opened."""
     loaded: list[Toolset] = []
     try:
-        for spec in (*settings.toolsets, FOLLOWUP_TOOLSET):
+        for spec in (*context.settings.toolsets, FOLLOWUP_TOOLSET):
             loaded.append(await build_toolset(load_factory(spec), context))
+        await apply_migrations(context.store, *(t.migrations for t in loaded if t.migrations is not None))
+        for toolset in loaded:
+            if toolset.start is not None:
+                await toolset.start()
     except BaseException:
         await _close(loaded)
         raise
@@ -67,13 +91,16 @@ async def load_toolsets(settings: Settings, db: Database, secrets: SecretRegistr
 
 
 async def assemble(
-    settings: Settings, db: Database, audit: AuditLog, *, extra_tools: Iterable[Tool] = ()
+    settings: Settings, db: Database, audit: AuditLog, changes: ChangeFeed, *, extra_tools: Iterable[Tool] = ()
 ) -> App:
     """Everything but the background tasks; fails closed on any config problem (and then releases
     whatever the toolsets had opened)."""
     catalogue = load_scopes(settings.scopes_dir)
     secrets = SecretRegistry()
-    toolsets = await load_toolsets(settings, db, secrets)
+    keys = audit.chain.keys
+    proposals = SqlProposalRepository(db, audit.chain, on_status=OutboxWriter(secrets))  # notify: same transaction
+    toolsets = await load_toolsets(ToolsetContext(store=db, settings=settings, scrubber=secrets, changes=changes,
+                                                  proposals=proposals))
     try:
         registry = Registry([*(tool for ts in toolsets for tool in ts.tools), *extra_tools])
         registry.check_scopes(catalogue.scopes)
@@ -84,30 +111,37 @@ async def assemble(
     except BaseException:
         await _close(toolsets)
         raise
-    proposals = SqlProposalRepository(db, on_status=OutboxWriter(secrets))  # notifications: same transaction
-    stager = ProposalStager(proposals, ttl=settings.proposal_ttl, scrub=secrets)
-    gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets)
-    watcher = _proposal_watcher(proposals, db)
+    stager = ProposalStager(proposals, keys, ttl=settings.proposal_ttl, scrub=secrets)
+    gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets,
+                hash_arguments=lambda text: keys.mac("arguments", text))
+    # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
+    watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               tuple(toolsets))
+               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys))
 
 
-def _proposal_watcher(proposals: SqlProposalRepository, db: Database) -> ProposalWatcher:
-    """On PostgreSQL a NOTIFY wakes the watcher at once (and it still looks every 5 s); elsewhere
-    it looks twice a second."""
-    if db.dialect != "postgresql":
-        return ProposalWatcher(proposals)
-    notifier = decision_notifier(db)
-    return ProposalWatcher(proposals, interval=5.0, wakeups=lambda: notifier.watching(None))
+EXPIRY_SWEEP_SECONDS = 30.0
+
+
+async def _expire_proposals(app: App) -> None:
+    """Write (and audit) the expiry of overdue proposals; every reader sees them expired at once anyway."""
+    while True:
+        try:
+            await app.approvals.expire_due()
+        except Exception:
+            logger.exception("Expiring overdue proposals failed; retrying")
+        await anyio.sleep(EXPIRY_SWEEP_SECONDS)
 
 
 @asynccontextmanager
 async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                    watch_policy: bool = True) -> AsyncIterator[App]:
+    keys = load_server_keys(settings)
     db = await open_database(settings.database_url)
+    changes = open_change_feed(db)
     try:
-        audit = AuditLog(db)
-        app = await assemble(settings, db, audit, extra_tools=extra_tools)
+        audit = AuditLog(db, AuditChain(keys))
+        app = await assemble(settings, db, audit, changes, extra_tools=extra_tools)
         try:  # servers deliver notifications ([notify] checked now: fails closed); the CLIs only write the outbox
             notifications = notification_worker(app) if watch_policy else None
         except BaseException:
@@ -119,6 +153,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
             if watch_policy:
                 tasks.start_soon(app.policy.watch)
                 tasks.start_soon(app.watcher.run)
+                tasks.start_soon(_expire_proposals, app)
             if notifications is not None:
                 tasks.start_soon(notifications)
             try:
@@ -132,4 +167,5 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
         if failure is not None:
             raise failure
     finally:
+        await changes.aclose()
         await db.close()

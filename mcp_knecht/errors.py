@@ -1,6 +1,7 @@
 """The errors of mcp-knecht: one hierarchy, each with a machine-readable code.
 
     KnechtError                      (code "internal")
+    ├── UsageError                   "usage"          an operator's input is wrong (a flag, an argument)
     ├── ConfigError                  "config"         a config file, flag or variable is wrong
     │   └── ScopeCatalogueError      "scope_catalogue"  a tool names a scope the catalogue lacks
     ├── AuthError                    "unauthenticated"  no token, or a token we refuse
@@ -16,11 +17,14 @@
     │   ├── SelfApprovalError        "self_approval"  operators cannot approve their own proposals
     │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
     ├── StoreError                   "store"          the database refused or is unreachable
+    │   └── StoreBusyError           "store_busy"     the store cannot keep up right now: retry
+    ├── TamperedError                "tampered"       a stored record fails its server-keyed check
     └── DeliveryError                "delivery"       a notification channel did not take a message
 
 A `ToolError` reaches the model as a tool result with `isError` and the message; anything else
 raised inside a tool is logged and reaches the model only as "internal error" with a reference,
-so that internal details (paths, SQL, stack) never leak.
+so that internal details (paths, SQL, stack) never leak. The CLIs turn these errors into exit
+codes in one place (`mcp_knecht.cli.errors`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ class KnechtError(Exception):
         super().__init__(message)
         self.message = message
         self.details = details or {}
+
+
+class UsageError(KnechtError):
+    code = "usage"
 
 
 class ConfigError(KnechtError):
@@ -106,6 +114,14 @@ class HashMismatchError(DecisionError):
 
 class StoreError(KnechtError):
     code = "store"
+
+
+class StoreBusyError(StoreError, ToolError):
+    code = "store_busy"
+
+
+class TamperedError(KnechtError):
+    code = "tampered"
 
 
 class DeliveryError(KnechtError):

@@ -5,17 +5,23 @@ A proposal of another subject answers exactly like one that does not exist.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from pydantic import Field
 
-from mcp_knecht.core.proposals import OPEN, STATUSES, Proposal, ProposalRepository, timestamp
-from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
-from mcp_knecht.core.toolset import Toolset, ToolsetContext
-from mcp_knecht.errors import NotFoundError
-from mcp_knecht.store.notify import DecisionNotifier, PollingNotifier
+from mcp_knecht.core import clock
+from mcp_knecht.core.changes import ChangeFeed
+from mcp_knecht.core.proposals import DECIDED, OPEN, STATUSES, Proposal, ProposalRepository
+from mcp_knecht.core.toolset import (
+    InvalidArgumentsError,
+    NotFoundError,
+    Tool,
+    ToolContext,
+    ToolInput,
+    Toolset,
+    ToolsetContext,
+)
 
 MAX_WAIT_SECONDS = 50  # clients time out near 60 s
 
@@ -35,6 +41,12 @@ class ListProposalsInput(ToolInput):
         description="Only proposals with this status: " + ", ".join(STATUSES) + ".",
     )
     limit: int = Field(default=20, ge=1, le=50, description="How many, newest first (1-50).")
+    unseen: bool = Field(
+        default=False,
+        description="Only your decided proposals (succeeded, failed, rejected, expired) whose outcome you have "
+        "not seen yet, oldest first; each is returned once and then counts as seen. Check this at the start "
+        "of a session.",
+    )
 
 
 GET_PROPOSAL = """\
@@ -46,7 +58,8 @@ means the approver stopped mid-way and the outcome is unknown; it is never re-ru
 
 LIST_PROPOSALS = """\
 List your own proposals, newest first, optionally only those with one status. Use it to find out \
-which of your staged calls were approved, rejected or have expired."""
+which of your staged calls were approved, rejected or have expired. With unseen=true it is your inbox: \
+the decisions you have not seen yet (each returned once) — call it at the start of a session."""
 
 
 def _own(proposal: Proposal | None, subject: str, proposal_id: int) -> Proposal:
@@ -55,46 +68,56 @@ def _own(proposal: Proposal | None, subject: str, proposal_id: int) -> Proposal:
     return proposal
 
 
-def _seconds_until(moment: str) -> float:
-    return (datetime.fromisoformat(moment) - datetime.now(UTC)).total_seconds()
-
-
-def followup_tools(proposals: ProposalRepository, notifier: DecisionNotifier | None = None) -> list[Tool]:
-    changes_of = notifier or PollingNotifier()
-
+def followup_tools(proposals: ProposalRepository, changes: ChangeFeed) -> list[Tool]:
     async def _read(proposal_id: int, subject: str) -> Proposal:
-        await proposals.expire_overdue(timestamp())
         return _own(await proposals.get(proposal_id), subject, proposal_id)
+
+    async def seen(proposal: Proposal) -> dict[str, Any]:
+        """The outcome as the agent sees it now; a decided one leaves the agent's inbox."""
+        if proposal.status in DECIDED:
+            await proposals.mark_seen(proposal.id)
+        return proposal.public()
 
     async def get_proposal(args: GetProposalInput, ctx: ToolContext) -> dict[str, Any]:
         proposal = await _read(args.id, ctx.actor.subject)
         if proposal.status not in OPEN or not args.wait_seconds:
-            return proposal.public()
+            return await seen(proposal)
         with anyio.move_on_after(args.wait_seconds):
             # Subscribe first, then read again: a decision committed in between still wakes us.
-            async with changes_of.watching(args.id) as changes:
+            async with changes.watching("proposals", args.id) as wakeups:
                 proposal = await _read(args.id, ctx.actor.subject)
                 while proposal.status in OPEN:
                     # Nobody announces an expiry: wake when it falls due, to see it expire.
-                    due = _seconds_until(proposal.expires_at) + 0.01 if proposal.status == "pending" else 60.0
-                    await changes.wait(max(0.0, min(due, MAX_WAIT_SECONDS)))
+                    due = clock.seconds_until(proposal.expires_at) + 0.01 if proposal.status == "pending" else 60.0
+                    await wakeups.wait(max(0.0, min(due, MAX_WAIT_SECONDS)))
                     proposal = await _read(args.id, ctx.actor.subject)
-        return proposal.public()
+        return await seen(proposal)
 
     async def list_proposals(args: ListProposalsInput, ctx: ToolContext) -> dict[str, Any]:
-        await proposals.expire_overdue(timestamp())
+        if args.unseen:
+            if args.status is not None:
+                raise InvalidArgumentsError("list_proposals", [
+                    {"field": "status", "problem": "give either unseen or status, not both"}])
+            return {"proposals": [p.public() for p in await proposals.take_unseen(ctx.actor.subject, args.limit)]}
         found = await proposals.list(status=args.status, subject=ctx.actor.subject, limit=args.limit)
         return {"proposals": [p.public() for p in found]}
 
     return [
-        Tool("get_proposal", GET_PROPOSAL, "proposals:read", GetProposalInput, get_proposal),
-        Tool("list_proposals", LIST_PROPOSALS, "proposals:read", ListProposalsInput, list_proposals),
+        Tool(name="get_proposal", description=GET_PROPOSAL, scope="proposals:read", input_model=GetProposalInput,
+             handler=get_proposal),
+        Tool(name="list_proposals", description=LIST_PROPOSALS, scope="proposals:read",
+             input_model=ListProposalsInput, handler=list_proposals),
     ]
 
 
-def toolset(context: ToolsetContext) -> Toolset:
-    from mcp_knecht.store.notify import decision_notifier
-    from mcp_knecht.store.proposals import SqlProposalRepository
+INSTRUCTIONS = (
+    "Tools that change something may be staged: the call returns 'Submitted for approval (#ID)' at once and "
+    "a human decides later; that is not a failure. Follow up with get_proposal (it can wait for the decision) "
+    "or list_proposals when you need the outcome. At the start of a session, call "
+    "list_proposals(unseen=true): it returns the decisions on your earlier proposals you have not seen yet."
+)
 
-    db = context.db
-    return Toolset(name="proposals", tools=followup_tools(SqlProposalRepository(db), decision_notifier(db)))
+
+def toolset(context: ToolsetContext) -> Toolset:
+    return Toolset(name="proposals", tools=followup_tools(context.proposals, context.changes),
+                   instructions=INSTRUCTIONS)

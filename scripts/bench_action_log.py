@@ -27,10 +27,8 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.toolset import ToolsetContext, build_toolset
-from mcp_knecht.knecht import toolset
+from mcp_knecht.knecht import knecht_tools, open_store
 from mcp_knecht.knecht.demo import fill_demo_data
-from mcp_knecht.store import open_database
 
 CACHE = Path(os.environ.get("KNECHT_BENCH_CACHE", "/tmp/mcp-knecht-bench"))
 TARGET_MS = 50.0
@@ -41,6 +39,9 @@ ACTOR = Actor("bench", "bench", frozenset({"logs:read", "runs:read"}))
 class _NoAudit:
     def record(self, entry: object) -> None:
         pass
+
+    def accepting(self) -> bool:
+        return True
 
 
 def _status_kb(field: str) -> int:
@@ -65,7 +66,7 @@ async def _database(log_mb: int, seed: int) -> Path:
         leftover.unlink(missing_ok=True)
     print(f"building a {log_mb} MB action log into {path} (once) …", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    db = await open_database(f"sqlite:///{partial}")
+    db = await open_store(f"sqlite:///{partial}")
     try:
         await fill_demo_data(db, seed=seed, log_mb=log_mb)
         await db.fetch_all("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -78,7 +79,7 @@ async def _database(log_mb: int, seed: int) -> Path:
 
 async def bench(log_mb: int, seed: int, rounds: int) -> dict[str, Any]:
     path = await _database(log_mb, seed)
-    db = await open_database(f"sqlite:///{path}")
+    db = await open_store(f"sqlite:///{path}")
     try:
         big = await db.fetch_one(
             "SELECT run_id, action_id, MAX(line_no) AS n FROM log_lines WHERE action_id > 0"
@@ -87,8 +88,7 @@ async def bench(log_mb: int, seed: int, rounds: int) -> dict[str, Any]:
         assert big is not None
         run_id, action_id, total = big["run_id"], big["action_id"], big["n"]
         scrub = SecretRegistry()
-        knecht = await build_toolset(toolset, ToolsetContext(db=db, secrets=scrub, config_dir=Path.cwd()))
-        gate = Gate(Registry(knecht.tools), _NoAudit(), scrub=scrub)
+        gate = Gate(Registry(knecht_tools(db, scrub)), _NoAudit(), scrub=scrub)
         base = {"run_id": run_id, "action": action_id}
         await gate.call_tool(ACTOR, "get_action_log", {**base, "tail": 10})  # warm
         idle_kb = _status_kb("VmRSS")

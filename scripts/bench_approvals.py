@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from mcp_knecht.app import open_app  # noqa: E402
-from mcp_knecht.config import load_settings  # noqa: E402
 from mcp_knecht.core.actor import Actor  # noqa: E402
+from mcp_knecht.core.settings import load_settings  # noqa: E402
 from tests.toolsets import EFFECTS_TABLE  # noqa: E402
 
 TOOLSETS = "mcp_knecht.knecht:toolset,tests.toolsets:toolset"

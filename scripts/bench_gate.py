@@ -77,10 +77,10 @@ def bench_env(tmp: Path, secret: str) -> dict[str, str]:
 
 
 async def fill_database(url: str) -> dict[str, Any]:
+    from mcp_knecht.knecht import open_store
     from mcp_knecht.knecht.demo import fill_demo_data
-    from mcp_knecht.store import open_database
 
-    db = await open_database(url)
+    db = await open_store(url)
     try:
         summary = await fill_demo_data(db)
     finally:
@@ -90,9 +90,9 @@ async def fill_database(url: str) -> dict[str, Any]:
 
 def mint(env: dict[str, str], subject: str, profile: str) -> tuple[str, Any]:
     """A token from the readonly profile and the actor the server would build from it."""
-    from mcp_knecht.config import load_settings
     from mcp_knecht.core.auth import TokenSettings, TokenVerifier, mint_token
     from mcp_knecht.core.scopes import load_scopes
+    from mcp_knecht.core.settings import load_settings
 
     settings = load_settings(env=env)
     scopes = load_scopes(settings.scopes_dir).profile(profile).scopes
@@ -265,7 +265,7 @@ async def profile_gated(app: Any, actor: Any, arguments: dict[str, Any], calls: 
 
 async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
     from mcp_knecht.store.audit_log import verify_chain
 
     _, actor = mint(env, "bench", "readonly")
@@ -290,7 +290,7 @@ async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict
             (actor.subject, TOOL),
         )
         progress("verifying the audit hash chain")
-        problems = await verify_chain(app.db)
+        problems = await verify_chain(app.db, app.audit.chain)
     results["audit"] = {
         "rows_written": row["n"] if row else 0,
         "gated_calls": gated_calls,

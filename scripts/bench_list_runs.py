@@ -26,10 +26,8 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.toolset import ToolsetContext, build_toolset
-from mcp_knecht.knecht import toolset
+from mcp_knecht.knecht import knecht_tools, open_store
 from mcp_knecht.knecht.demo import fill_demo_data
-from mcp_knecht.store import open_database
 
 CACHE = Path(os.environ.get("KNECHT_BENCH_CACHE", "/tmp/mcp-knecht-bench"))
 TARGET_MS = 5.0
@@ -60,6 +58,9 @@ class _NoAudit:
     def record(self, entry: object) -> None:
         pass
 
+    def accepting(self) -> bool:
+        return True
+
 
 async def _database(runs: int, seed: int) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ async def _database(runs: int, seed: int) -> Path:
         leftover.unlink(missing_ok=True)
     print(f"building {runs:,} runs into {path} (once) …", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    db = await open_database(f"sqlite:///{partial}")
+    db = await open_store(f"sqlite:///{partial}")
     try:
         last = [0.0]
 
@@ -91,11 +92,10 @@ async def _database(runs: int, seed: int) -> Path:
 
 async def bench(runs: int, seed: int, rounds: int) -> dict[str, Any]:
     path = await _database(runs, seed)
-    db = await open_database(f"sqlite:///{path}")
+    db = await open_store(f"sqlite:///{path}")
     try:
         scrub = SecretRegistry()
-        knecht = await build_toolset(toolset, ToolsetContext(db=db, secrets=scrub, config_dir=Path.cwd()))
-        gate = Gate(Registry(knecht.tools), _NoAudit(), scrub=scrub)
+        gate = Gate(Registry(knecht_tools(db, scrub)), _NoAudit(), scrub=scrub)
         results = []
         for name, arguments in CASES:
             if "before" in arguments:

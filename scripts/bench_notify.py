@@ -53,9 +53,9 @@ sys.path.insert(0, str(REPO))
 
 import mcp_knecht.app as app_module  # noqa: E402
 from mcp_knecht.app import open_app  # noqa: E402
-from mcp_knecht.config import load_settings  # noqa: E402
 from mcp_knecht.core.actor import Actor  # noqa: E402
-from mcp_knecht.core.approval import ApprovalService, Operator  # noqa: E402
+from mcp_knecht.core.approval import Operator  # noqa: E402
+from mcp_knecht.core.settings import load_settings  # noqa: E402
 from tests.receivers import new_webhook_secret  # noqa: E402
 from tests.staging import make_config  # noqa: E402
 from tests.toolsets import EFFECTS_TABLE  # noqa: E402
@@ -215,7 +215,7 @@ async def _measure(env: dict[str, str], calls: int, variant: str, pace: float) -
         async with open_app(load_settings(env=env), watch_policy=True) as app:
             async with app.db.transaction() as tx:
                 await tx.execute(EFFECTS_TABLE)
-            service = ApprovalService(app.proposals, app.gate, app.audit)
+            service, operator = app.approvals, Operator("bench-operator", verified=True)
             agent = Actor("bench-agent", "bench", AGENT)
             stage_ms, decide_ms = [], []
             for n in range(calls):
@@ -225,9 +225,9 @@ async def _measure(env: dict[str, str], calls: int, variant: str, pace: float) -
                 proposal_id = staged.data["id"]  # type: ignore[index]
                 started = time.perf_counter()
                 if n % 2:
-                    await service.reject(proposal_id, Operator("bench-operator"), "benchmark")
+                    await service.reject(proposal_id, operator, "benchmark")
                 else:
-                    await service.approve(proposal_id, Operator("bench-operator"))
+                    await service.approve(proposal_id, operator)
                 decide_ms.append((time.perf_counter() - started) * 1000)
                 await anyio.sleep(pace)  # calls arrive with gaps, in which the worker delivers
             row = await app.db.fetch_one("SELECT COALESCE(SUM(attempts), 0) AS n FROM notify_deliveries") \
@@ -301,14 +301,14 @@ async def _stage_events(env: dict[str, str], count: int) -> None:
 
 async def _deliver_all(env: dict[str, str], taken: Counts, events: int) -> tuple[float, int]:
     """The worker as the server runs it (`run`, pipelined), until the receiver has every event."""
-    import httpx2
+    import httpx
 
     from mcp_knecht.notify import NotifyWorker, notify_config
     from mcp_knecht.notify.channels import destinations
 
     async with open_app(load_settings(env=env), watch_policy=False) as app:
         config = notify_config(app.settings, app.registry)
-        async with httpx2.AsyncClient() as client, anyio.create_task_group() as tasks:
+        async with httpx.AsyncClient() as client, anyio.create_task_group() as tasks:
             worker = NotifyWorker(app.db, config, destinations(config, client), scrub=app.secrets)
             started = time.perf_counter()
             tasks.start_soon(worker.run)

@@ -83,11 +83,11 @@ def store(kind: str, folder: Path) -> Iterator[str]:
 
 
 async def _fill(url: str) -> None:
+    from mcp_knecht.knecht import open_store
     from mcp_knecht.knecht.demo import fill_demo_data
-    from mcp_knecht.store import open_database
     from tests.toolsets import EFFECTS_TABLE
 
-    db = await open_database(url)
+    db = await open_store(url)
     try:
         await fill_demo_data(db)
         async with db.transaction() as tx:

@@ -13,15 +13,15 @@ import time
 import anyio
 
 from mcp_knecht.app import open_app
-from mcp_knecht.config import load_settings
-from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.core.approval import Operator
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import NotPendingError
 
 
 async def race(name: str, first: int, last: int) -> dict[str, float]:
     won = lost = 0
     async with open_app(load_settings(), watch_policy=False) as app:
-        service = ApprovalService(app.proposals, app.gate, app.audit)
+        service = app.approvals
         started = time.perf_counter()
         for proposal_id in range(first, last + 1):
             try:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from mcp_knecht import testing
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import Settings, load_settings
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, TokenVerifier, mint_token
-from mcp_knecht.transports.mcp_server import server_for_app
+from mcp_knecht.core.settings import Settings, load_settings
 
 pytest_plugins = [
     "tests.pg",  # `database_url`: each test that takes it runs on SQLite and PostgreSQL
@@ -83,13 +83,13 @@ def demo_db_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Demo data is deterministic: build it once, copy it per test."""
     import anyio
 
+    from mcp_knecht.knecht import open_store
     from mcp_knecht.knecht.demo import fill_demo_data
-    from mcp_knecht.store import open_database
 
     path = tmp_path_factory.mktemp("template") / "demo.db"
 
     async def build() -> None:
-        db = await open_database(f"sqlite:///{path}")
+        db = await open_store(f"sqlite:///{path}")
         try:
             await fill_demo_data(db)
         finally:
@@ -123,9 +123,7 @@ def connect(app: App, actor_for: Callable[..., Actor], protocol_mode: str):  # t
 
     @asynccontextmanager
     async def _connect(subject: str = "alice", scopes: Iterable[str] = READONLY) -> AsyncIterator[Client]:
-        actor = actor_for(subject, scopes)
-        server = server_for_app(app, lambda ctx: actor)
-        async with Client(server, mode=protocol_mode) as client:
+        async with testing.connect(app, actor_for(subject, scopes), mode=protocol_mode) as client:
             yield client
 
     return _connect

@@ -11,13 +11,12 @@ from typing import Any
 
 from mcp import Client
 
+from mcp_knecht import testing
 from mcp_knecht.app import App
-from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.core.approval import ApprovalService
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.proposals import Proposal
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.transports.mcp_server import server_for_app
 
 AGENT = (
     "projects:read", "workflows:read", "workflows:write", "runs:read", "runs:write",
@@ -34,16 +33,15 @@ class Knecht:
 
     @asynccontextmanager
     async def connect(self, subject: str = "alice", scopes: Iterable[str] = AGENT) -> AsyncIterator[Client]:
-        actor = Actor(subject, "pytest", frozenset(scopes))
-        async with Client(server_for_app(self.app, lambda ctx: actor)) as client:
+        async with testing.connect(self.app, testing.actor(subject, scopes)) as client:
             yield client
 
     async def approve(self, proposal_id: int, operator: str = "bob") -> Proposal:
-        return await self.approvals.approve(proposal_id, Operator(operator))
+        return await testing.approve(self.app, proposal_id, operator)
 
 
 async def build(app: App) -> Knecht:
-    return Knecht(app, app.gate, app.secrets, ApprovalService(app.proposals, app.gate, app.audit))
+    return Knecht(app, app.gate, app.secrets, testing.approvals(app))
 
 
 async def call(client: Client, tool: str, /, **arguments: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mcp_knecht.app import open_app
-from mcp_knecht.config import load_settings
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext
 from mcp_knecht.errors import ConfigError, ScopeCatalogueError
@@ -30,7 +30,8 @@ def closing_toolset(context: ToolsetContext) -> Toolset:
         closed.append("closed")
 
     scope = context.env.get("TEST_TOOL_SCOPE", "runs:read")
-    return Toolset("closing", [Tool("closing_tool", "Test.", scope, EffectInput, _nothing)], close=close)
+    return Toolset(name="closing", tools=[Tool(name="closing_tool", description="Test.", scope=scope,
+         input_model=EffectInput, handler=_nothing)], close=close)
 
 
 @pytest.fixture

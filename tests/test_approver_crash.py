@@ -15,6 +15,7 @@ import pytest
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.audit import AuditEntry
 from tests.conftest import server_env
 from tests.staging import AGENT, acli
 
@@ -67,6 +68,11 @@ async def test_an_approver_killed_while_executing_leaves_the_outcome_unknown_and
     assert await app.db.fetch_all("SELECT label, phase FROM test_effects") == [{"label": "slow", "phase": "started"}]
 
 
+def _approved(proposal_id: int) -> AuditEntry:
+    return AuditEntry(source="approval", subject="bob", client="pytest", tool="record_effect", outcome="approved",
+                      proposal_id=proposal_id)
+
+
 async def test_an_operator_settles_an_outcome_unknown_execution_without_running_anything(  # type: ignore[no-untyped-def]
     app: App, staged_env
 ) -> None:
@@ -78,7 +84,7 @@ async def test_an_operator_settles_an_outcome_unknown_execution_without_running_
     assert pending.returncode == 1 and "only an execution whose outcome is unknown" in pending.stderr
 
     # An approver that died after claiming and starting: the state a kill -9 leaves behind.
-    assert await app.proposals.claim(proposal_id, "bob", "2026-01-01T00:00:00.000000Z")
+    assert await app.proposals.claim(proposal_id, "bob", "2026-01-01T00:00:00.000000Z", _approved(proposal_id))
     assert await app.proposals.start_execution(proposal_id, "2026-01-01T00:00:00.000000Z")
     assert (await app.proposals.get(proposal_id)).status == "executing"  # type: ignore[union-attr]
 
@@ -87,7 +93,7 @@ async def test_an_operator_settles_an_outcome_unknown_execution_without_running_
     assert settled_by_cli.returncode == 0 and "Settled" in settled_by_cli.stdout
     proposal = await app.proposals.get(proposal_id)
     assert proposal is not None and proposal.status == "failed"
-    assert proposal.error == "Settled as failed by carol: checked"
+    assert proposal.error == "Settled as failed by local:carol: checked"
     assert await app.db.fetch_all("SELECT label FROM test_effects") == []  # nothing ran
     again = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
                        "--outcome", "succeeded", "--reason", "changed my mind")
@@ -96,4 +102,4 @@ async def test_an_operator_settles_an_outcome_unknown_execution_without_running_
     settled = await app.db.fetch_all(
         "SELECT subject, outcome, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'settled'",
         (proposal_id,))
-    assert [(r["subject"], r["outcome"]) for r in settled] == [("carol", "settled")]
+    assert [(r["subject"], r["outcome"]) for r in settled] == [("local:carol", "settled")]

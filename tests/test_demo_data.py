@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.errors import ConflictError
+from mcp_knecht.knecht import open_store
 from mcp_knecht.knecht.demo import FAILING_ACTION, FAILURE_KINDS, DemoSummary, fill_demo_data
-from mcp_knecht.store import open_database
-from mcp_knecht.store.database import Database
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +35,7 @@ def anyio_backend() -> str:
 
 
 async def _open(path: Path) -> Database:
-    return await open_database(f"sqlite:///{path}")
+    return await open_store(f"sqlite:///{path}")
 
 
 @pytest.fixture

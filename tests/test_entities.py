@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mcp_knecht.app import App
+from mcp_knecht.errors import StoreError
 from tests.test_entities_support import (
     ORDERS,
     SHOP,
@@ -61,6 +62,19 @@ async def test_tools_follow_the_scopes_and_say_what_they_cannot_do(app: App) -> 
         names = {t.name for t in (await client.list_tools()).tools}
     assert {"create_users", "update_users", "create_orders", "update_orders", "delete_orders"} <= names
     assert "delete_users" not in names  # no role may delete users
+
+
+async def test_an_entities_only_server_has_no_ci_tables_and_says_nothing_about_ci(app: App) -> None:
+    """The store holds only its own tables; the instructions describe the entities, not Knecht CI."""
+    for knecht_table in ("projects", "runs", "workflows", "log_lines", "project_variables"):
+        with pytest.raises(StoreError):
+            await app.db.fetch_one(f"SELECT 1 FROM {knecht_table}")
+    namespaces = {r["namespace"] for r in await app.db.fetch_all("SELECT namespace FROM applied_migrations")}
+    assert namespaces == {"store"}
+    async with client_for(app, actor("support")) as client:
+        instructions = client.instructions
+    assert instructions and "users" in instructions and "orders" in instructions
+    assert "CI" not in instructions and "run" not in instructions.lower().split()
 
 
 # --- reading: two roles on one table -------------------------------------------------------------

@@ -4,19 +4,15 @@ from examples/entities (plus a write-only role), actors with a role claim, the S
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from mcp import Client
 
-from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
+from mcp_knecht import testing
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.approval import ApprovalService, Operator
 from mcp_knecht.store import open_database
-from mcp_knecht.transports.mcp_server import server_for_app
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "examples" / "entities"
@@ -96,10 +92,7 @@ def entity_env(env: dict[str, str], config: Path) -> dict[str, str]:
     return {**env, "KNECHT_CONFIG_DIR": str(config), "KNECHT_TOOLSETS": TOOLSETS}
 
 
-@asynccontextmanager
-async def entity_app(env: dict[str, str]) -> AsyncIterator[App]:
-    async with open_app(load_settings(env=env), watch_policy=False) as app:
-        yield app
+entity_app = testing.running_app
 
 
 def actor(role: str | None, subject: str = "alice", scopes: Iterable[str] = SHOP) -> Actor:
@@ -107,10 +100,7 @@ def actor(role: str | None, subject: str = "alice", scopes: Iterable[str] = SHOP
     return Actor(subject, "pytest", frozenset(scopes), claims)
 
 
-@asynccontextmanager
-async def client_for(app: App, who: Actor) -> AsyncIterator[Client]:
-    async with Client(server_for_app(app, lambda ctx: who)) as client:
-        yield client
+client_for = testing.connect
 
 
 async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bool, Any, str]:
@@ -125,8 +115,7 @@ async def rows(client: Client, tool: str, arguments: dict[str, Any]) -> list[dic
     return list(data["rows"])
 
 
-async def approve(app: App, proposal_id: int, operator: str = "bob") -> Any:
-    return await ApprovalService(app.proposals, app.gate, app.audit).approve(proposal_id, Operator(operator))
+approve = testing.approve
 
 
 async def app_rows(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:

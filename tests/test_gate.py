@@ -9,12 +9,15 @@ from pydantic import Field
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.policy import Policy
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.errors import ConfigError, NotFoundError, ScopeCatalogueError
 from mcp_knecht.store import open_database
-from mcp_knecht.store.audit_log import AuditLog, verify_chain
+from mcp_knecht.store.audit_log import AuditChain, AuditLog, verify_chain
+
+CHAIN = AuditChain(ServerKeys(b"test-server-key-" * 4))
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +39,7 @@ async def count(args: CountIn, ctx: ToolContext) -> dict[str, object]:
         raise NotFoundError("Thirteen does not exist.")
     if args.n == 42:
         raise RuntimeError("/secret/path/db.sqlite: disk I/O error")
-    return {"n": args.n, "by": ctx.actor.subject, "source": ctx.source}
+    return {"n": args.n, "by": ctx.actor.subject, "source": str(ctx.source)}
 
 
 async def setting(args: SetIn, ctx: ToolContext) -> dict[str, object]:
@@ -45,8 +48,10 @@ async def setting(args: SetIn, ctx: ToolContext) -> dict[str, object]:
 
 
 TOOLS = [
-    Tool("count", "Count.", "things:read", CountIn, count),
-    Tool("setting", "Get or set.", "things:write", SetIn, setting, action_effects={"get": "read", "set": "write"}),
+    Tool(name="count", description="Count.", scope="things:read",
+         input_model=CountIn, handler=count),
+    Tool(name="setting", description="Get or set.", scope="things:write",
+         input_model=SetIn, handler=setting, action_effects={"get": "read", "set": "write"}),
 ]
 ALL = frozenset({"things:read", "things:write"})
 
@@ -55,7 +60,7 @@ ALL = frozenset({"things:read", "things:write"})
 async def gate_and_db(tmp_path: Path):  # type: ignore[no-untyped-def]
     calls.clear()
     db = await open_database(f"sqlite:///{tmp_path / 'gate.db'}")
-    audit = AuditLog(db)
+    audit = AuditLog(db, CHAIN)
     policy = Policy()
     holder = {"policy": policy}
     gate = Gate(Registry(TOOLS), audit, policy=lambda: holder["policy"])
@@ -173,18 +178,18 @@ async def test_every_outcome_lands_in_one_verifiable_chain(gate_and_db) -> None:
         await gate.call_tool(actor, "count", {"n": n})
     rows = await audit_rows(db, audit)
     assert len(rows) == 29
-    assert await verify_chain(db) == []
+    assert await verify_chain(db, CHAIN) == []
     async with db.transaction() as tx:
         await tx.execute("UPDATE audit_log SET subject = 'mallory' WHERE id = 7")
         await tx.execute("DELETE FROM audit_log WHERE id = 20")
-    problems = {(p.id, p.problem.split(" ")[0]) for p in await verify_chain(db)}
+    problems = {(p.id, p.problem.split(" ")[0]) for p in await verify_chain(db, CHAIN)}
     assert (7, "content") in problems
     assert any(pid == 20 for pid, _ in problems)
 
 
 async def test_audit_entries_survive_a_clean_shutdown(tmp_path: Path) -> None:
     db = await open_database(f"sqlite:///{tmp_path / 'a.db'}")
-    audit = AuditLog(db, flush_interval=3600)
+    audit = AuditLog(db, CHAIN, flush_interval=3600)
     gate = Gate(Registry(TOOLS), audit)
     for n in range(1, 11):
         await gate.call_tool(Actor("alice", "cli", ALL), "count", {"n": n})
@@ -213,10 +218,11 @@ def test_annotations_follow_the_effects() -> None:
 
 
 async def test_an_action_can_need_a_scope_beyond_the_tools_own(tmp_path: Path) -> None:
-    guarded = Tool("guarded", "Get or set.", "things:read", SetIn, setting,
+    guarded = Tool(name="guarded", description="Get or set.", scope="things:read",
+         input_model=SetIn, handler=setting,
                    action_effects={"get": "read", "set": "write"}, action_scopes={"set": "things:admin"})
     db = await open_database(f"sqlite:///{tmp_path / 'g.db'}")
-    audit = AuditLog(db)
+    audit = AuditLog(db, CHAIN)
     gate = Gate(Registry([guarded]), audit, policy=lambda: Policy(rules={"guarded": "auto"}))
     reader = Actor("alice", "cli", frozenset({"things:read"}))
     calls.clear()
@@ -241,10 +247,11 @@ async def test_a_crash_while_staging_is_an_internal_error_that_leaks_nothing(tmp
     async def broken_preview(args: CountIn, ctx: ToolContext) -> dict[str, object]:
         raise RuntimeError("/srv/secret/path: connection refused")
 
-    fragile = Tool("fragile", "Write.", "things:write", CountIn, count, effect="write", preview=broken_preview)
+    fragile = Tool(name="fragile", description="Write.", scope="things:write",
+         input_model=CountIn, handler=count, effect="write", preview=broken_preview)
     db = await open_database(f"sqlite:///{tmp_path / 's.db'}")
-    audit = AuditLog(db)
-    gate = Gate(Registry([fragile]), audit, stager=ProposalStager(SqlProposalRepository(db)))
+    audit = AuditLog(db, CHAIN)
+    gate = Gate(Registry([fragile]), audit, stager=ProposalStager(SqlProposalRepository(db, CHAIN), CHAIN.keys))
     result = await gate.call_tool(Actor("alice", "cli", ALL), "fragile", {"n": 1})
     assert result.is_error and result.error_code == "internal" and "reference" in result.text
     assert "secret" not in result.text and "refused" not in result.text

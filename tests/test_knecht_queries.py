@@ -10,18 +10,17 @@ import pytest
 from pydantic import ValidationError
 
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.tools import Tool, ToolContext
+from mcp_knecht.core.database import Database
+from mcp_knecht.core.tools import MCP, Tool, ToolContext
 from mcp_knecht.errors import NotFoundError
+from mcp_knecht.knecht import knecht_tools, open_store
 from mcp_knecht.knecht.demo import DemoSummary, fill_demo_data
-from mcp_knecht.knecht.tools import knecht_tools
-from mcp_knecht.store import open_database
-from mcp_knecht.store.database import Database
 
 pytestmark = pytest.mark.anyio
 
 CTX = ToolContext(
     actor=Actor(subject="alice", client="pytest", scopes=frozenset({"projects:read", "runs:read"})),
-    source="mcp",
+    source=MCP,
 )
 
 
@@ -32,7 +31,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def demo(tmp_path: Path) -> AsyncIterator[tuple[Database, DemoSummary]]:
-    db = await open_database(f"sqlite:///{tmp_path / 'knecht.db'}")
+    db = await open_store(f"sqlite:///{tmp_path / 'knecht.db'}")
     try:
         summary = await fill_demo_data(db)
         yield db, summary
@@ -45,9 +44,13 @@ def db(demo: tuple[Database, DemoSummary]) -> Database:
     return demo[0]
 
 
+def read_tools(db: Database) -> dict[str, Tool]:
+    return {tool.name: tool for tool in knecht_tools(db) if tool.effects == {"read"}}
+
+
 @pytest.fixture
 def call(db: Database) -> Any:
-    tools: dict[str, Tool] = {tool.name: tool for tool in knecht_tools(db)}
+    tools = read_tools(db)
 
     async def _call(name: str, **arguments: Any) -> Any:
         tool = tools[name]
@@ -58,7 +61,7 @@ def call(db: Database) -> Any:
 
 
 async def test_tools_declare_scopes_and_describe_every_field(db: Database) -> None:
-    tools = {tool.name: tool for tool in knecht_tools(db)}
+    tools = read_tools(db)
     assert {name: tool.scope for name, tool in tools.items()} == {
         "list_projects": "projects:read",
         "get_project": "projects:read",

@@ -9,10 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from mcp_knecht.core.settings import Settings
 from mcp_knecht.errors import ConfigError
 from mcp_knecht.notify.channels import check_apprise_url
-from mcp_knecht.notify.config import WEBHOOK, Delivery, NotifyConfig, load_notify_config, parse_notify, served_calls
-from mcp_knecht.notify.config import notify_environment as environment
+from mcp_knecht.notify.config import (
+    WEBHOOK,
+    Delivery,
+    NotifyConfig,
+    NotifyEnvironment,
+    load_notify_config,
+    notify_environment,
+    parse_notify,
+    served_calls,
+)
 from tests.receivers import new_webhook_secret
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +56,15 @@ ENV = {"SMTP_USER": "knecht", "SMTP_PASSWORD": "pw-Zq8sK2vY", "SLACK_TOKEN": "T0
        "NTFY_TOPIC": "knecht-security-7d1f"}
 
 
+def environment(env: dict[str, str]) -> NotifyEnvironment:
+    return NotifyEnvironment(webhook_url=env.get("KNECHT_WEBHOOK_URL"), webhook_secret=env.get("KNECHT_WEBHOOK_SECRET"),
+                             values=env)
+
+
+def settings_for(config_dir: Path, **values: str) -> Settings:
+    return Settings(data_dir=config_dir, config_dir=config_dir, database_url="sqlite:///unused.db", **values)
+
+
 def parse(text: str, env: dict[str, str] | None = None, **checks: object) -> NotifyConfig:
     return parse_notify(text, PATH, environment(env if env is not None else ENV), **checks)  # type: ignore[arg-type]
 
@@ -71,12 +89,20 @@ def test_the_example_parses_with_its_secrets_from_the_environment() -> None:
 
 
 def test_a_missing_file_means_no_channels(tmp_path: Path) -> None:
-    config = load_notify_config(tmp_path, {})
+    config = load_notify_config(settings_for(tmp_path))
     assert config.channels == {} and config.destinations == [] and config.webhook is None
 
 
-def test_the_shipped_config_dir_has_none(tmp_path: Path) -> None:
-    assert load_notify_config(REPO, {}).destinations == []
+def test_the_shipped_config_dir_has_none() -> None:
+    assert load_notify_config(settings_for(REPO)).destinations == []
+
+
+def test_the_webhook_comes_from_the_settings(tmp_path: Path) -> None:
+    secret = new_webhook_secret()
+    settings = settings_for(tmp_path, webhook_url="https://hooks.example.com/k", webhook_secret=secret)
+    assert notify_environment(settings).webhook_secret == secret
+    config = load_notify_config(settings)
+    assert config.webhook is not None and config.webhook.url == "https://hooks.example.com/k"
 
 
 def test_pending_proposals_route_from_the_most_specific_setting_to_the_default() -> None:
@@ -110,7 +136,8 @@ def test_the_webhook_hears_every_event(tmp_path: Path) -> None:
     assert config.route("proposal.pending", {"call": "cancel_run", "tool": "cancel_run"}) == ("ops", WEBHOOK)
     assert config.route("proposal.expired", {}) == ("dev", WEBHOOK)
     assert env["KNECHT_WEBHOOK_SECRET"] in config.secrets
-    only_webhook = load_notify_config(tmp_path, env)
+    only_webhook = load_notify_config(settings_for(tmp_path, webhook_url=env["KNECHT_WEBHOOK_URL"],
+                                                   webhook_secret=env["KNECHT_WEBHOOK_SECRET"]))
     assert only_webhook.route("proposal.pending", {"call": "x", "tool": "x"}) == (WEBHOOK,)
 
 

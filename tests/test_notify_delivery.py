@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
+import httpx
 import pytest
 
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.notify import NotifyWorker, notify_config, outbox
 from mcp_knecht.notify.channels import destinations
 from mcp_knecht.store import open_database
+from mcp_knecht.testing import approve, reject
 from tests.receivers import Mailbox, WebhookReceiver, text_of
 from tests.staging import AGENT, acli
 from tests.toolsets import EFFECTS_TABLE
@@ -52,9 +52,8 @@ async def cli_app(env: dict[str, str]) -> AsyncIterator[App]:
 async def worker_for(app: App, env: dict[str, str], **options: Any) -> AsyncIterator[NotifyWorker]:
     config = notify_config(load_settings(env=env), app.registry)
     app.secrets.add(config.secrets)
-    async with httpx2.AsyncClient() as client:
-        yield NotifyWorker(app.db, config, destinations(config, client), scrub=app.secrets,
-                           expire=app.proposals.expire_overdue, **options)
+    async with httpx.AsyncClient() as client:
+        yield NotifyWorker(app.db, config, destinations(config, client), scrub=app.secrets, **options)
 
 
 async def stage(app: App, label: str = "deploy", tool: str = "record_effect") -> int:
@@ -88,10 +87,9 @@ ops = "{mailbox.url("ops@example.com")}"
 dev = "{mailbox.url("alice@example.com")}"
 {FAST}""", webhook_receiver)
     async with cli_app(env) as app, worker_for(app, env) as worker:
-        service = ApprovalService(app.proposals, app.gate, app.audit)
         first, second = await stage(app, "deploy-1"), await stage(app, "deploy-2")
-        await service.approve(first, Operator("bob"))
-        await service.reject(second, Operator("bob"), "not today")
+        await approve(app, first, "bob")
+        await reject(app, second, "not today", "bob")
         assert await worker.run_once() == 10
         assert await worker.run_once() == 0
 
@@ -165,7 +163,7 @@ async def test_a_delivery_that_keeps_failing_gives_up_and_status_says_why(
         [row] = await deliveries(app)
         assert (row["status"], row["attempts"]) == ("failed", 3)
         webhook_receiver.mode = "gone"
-        await stage(app)
+        await stage(app, "another")
         assert await worker.run_once() == 1  # 410 Gone: no retry
         assert [r["status"] for r in await deliveries(app)] == ["failed", "failed"]
 
@@ -191,7 +189,7 @@ async def test_two_workers_on_one_store_deliver_each_event_exactly_once(
             await stage(app, f"deploy-{n}")
         config = notify_config(load_settings(env=env), app.registry)
         workers: list[NotifyWorker] = []
-        async with httpx2.AsyncClient() as client, anyio.create_task_group() as tasks:
+        async with httpx.AsyncClient() as client, anyio.create_task_group() as tasks:
             for name in ("replica-a", "replica-b"):
                 db = await open_database(env["KNECHT_DATABASE_URL"], migrate=False)
                 tasks.start_soon(_run_then_close, NotifyWorker(
@@ -244,7 +242,6 @@ async def test_a_dead_webhook_never_slows_a_gate_call_or_a_decision(
     async with cli_app(env) as app, worker_for(app, env, interval=0.05) as worker, \
             anyio.create_task_group() as tasks:
         tasks.start_soon(worker.run)
-        service = ApprovalService(app.proposals, app.gate, app.audit)
         await stage(app, "first")
         await until(lambda: _true(webhook_receiver.hanging >= 1))
         slowest = 0.0
@@ -252,9 +249,9 @@ async def test_a_dead_webhook_never_slows_a_gate_call_or_a_decision(
             started = anyio.current_time()
             proposal_id = await stage(app, f"deploy-{n}")
             if n % 2:
-                await service.approve(proposal_id, Operator("bob"))
+                await approve(app, proposal_id, "bob")
             else:
-                await service.reject(proposal_id, Operator("bob"), "no")
+                await reject(app, proposal_id, "no", "bob")
             slowest = max(slowest, anyio.current_time() - started)
         assert slowest < 1.0, f"a call and its decision took {slowest:.2f}s with the webhook hanging"
         assert webhook_receiver.delivered == []
@@ -270,10 +267,13 @@ async def test_an_expired_proposal_is_told_without_anyone_reading_it(
     staged_env: dict[str, str], webhook_receiver: WebhookReceiver
 ) -> None:
     env = configure({**staged_env, "KNECHT_PROPOSAL_TTL": "1s"}, FAST, webhook_receiver)
-    async with cli_app(env) as app, worker_for(app, env, interval=0.05, sweep_every=0.1) as worker, \
+    async with cli_app(env) as app, worker_for(app, env, interval=0.05) as worker, \
             anyio.create_task_group() as tasks:
         proposal_id = await stage(app)
         tasks.start_soon(worker.run)
+        await webhook_receiver.wait_for(1, timeout=10)
+        await anyio.sleep(1.1)
+        await app.approvals.expire_due()  # what the server's sweep does every 30 s
         taken = await webhook_receiver.wait_for(2, timeout=10)
         tasks.cancel_scope.cancel()
     assert [(d.payload["type"], d.payload["data"]["id"]) for d in taken] == [

@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.approval import ApprovalService, Operator
-from mcp_knecht.core.proposals import timestamp
+from mcp_knecht.core.database import Transaction
+from mcp_knecht.core.proposals import Proposal
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import NotPendingError
 from mcp_knecht.notify import OutboxWriter
-from mcp_knecht.store.database import Transaction
 from mcp_knecht.store.proposals import SqlProposalRepository
+from mcp_knecht.testing import approve, reject
 from tests.staging import AGENT
 from tests.toolsets import EFFECTS_TABLE
 
@@ -41,19 +42,26 @@ async def stage(app: App, tool: str = "record_effect", label: str = "deploy") ->
     return int(staged.data["id"])  # type: ignore[index]
 
 
+async def overdue(app: App, proposal_id: int) -> None:
+    """Make a proposal's time run out (as waiting would), then let the server's sweep write it."""
+    async with app.db.transaction() as tx:
+        await tx.execute("UPDATE proposals SET expires_at = ? WHERE id = ?", ("2000-01-01T00:00:00.000000Z",
+                                                                             proposal_id))
+    await app.approvals.expire_due()
+
+
 async def events(app: App) -> list[tuple[str, int, dict[str, Any]]]:
     rows = await app.db.fetch_all("SELECT event, proposal_id, payload_json FROM notify_outbox ORDER BY id")
     return [(row["event"], row["proposal_id"], json.loads(row["payload_json"])) for row in rows]
 
 
 async def test_each_state_change_writes_exactly_its_event(app: App) -> None:
-    service = ApprovalService(app.proposals, app.gate, app.audit)
     approved, rejected, expiring, failing = [await stage(app, label=f"deploy-{n}") for n in range(3)] + [
         await stage(app, "fail_effect", "broken")]
-    await service.approve(approved, Operator("bob"))
-    await service.reject(rejected, Operator("bob"), "not on a Friday")
-    await service.approve(failing, Operator("carol"))
-    assert await app.proposals.expire_overdue("9999-12-31T00:00:00.000000Z") == 1
+    await approve(app, approved, "bob")
+    await reject(app, rejected, "not on a Friday", "bob")
+    await approve(app, failing, "carol")
+    await overdue(app, expiring)
 
     told = await events(app)
     assert [(event, pid) for event, pid, _ in told] == [
@@ -75,7 +83,7 @@ async def test_each_state_change_writes_exactly_its_event(app: App) -> None:
     }
     by_key = {(event, pid): facts for event, pid, facts in told}
     assert by_key[("proposal.decided", approved)]["decision"] == "approved"
-    assert by_key[("proposal.decided", approved)]["decided_by"] == "bob"
+    assert by_key[("proposal.decided", approved)]["decided_by"] == "bob"  # a verified operator's subject
     assert by_key[("proposal.decided", rejected)]["decision"] == "rejected"
     assert by_key[("proposal.decided", rejected)]["reason"] == "not on a Friday"
     assert by_key[("proposal.executed", approved)]["status"] == "succeeded"
@@ -84,15 +92,14 @@ async def test_each_state_change_writes_exactly_its_event(app: App) -> None:
 
 
 async def test_no_change_writes_no_event(app: App) -> None:
-    service = ApprovalService(app.proposals, app.gate, app.audit)
     proposal_id = await stage(app)
-    await service.approve(proposal_id, Operator("bob"))
+    await approve(app, proposal_id, "bob")
     before = await events(app)
     with pytest.raises(NotPendingError):
-        await service.approve(proposal_id, Operator("carol"))  # lost the race
+        await approve(app, proposal_id, "carol")  # lost the race
     with pytest.raises(NotPendingError):
-        await service.reject(proposal_id, Operator("carol"), "too late")
-    assert await app.proposals.expire_overdue("9999-12-31T00:00:00.000000Z") == 0
+        await reject(app, proposal_id, "too late", "carol")
+    assert await app.approvals.expire_due() == []
     assert await events(app) == before
 
 
@@ -100,17 +107,19 @@ async def test_a_change_that_rolls_back_takes_its_event_with_it(app: App) -> Non
     """The event is written in the change's transaction: if anything after it fails, neither stays."""
     write_event = OutboxWriter(app.secrets)
 
-    async def then_fail(tx: Transaction, proposal_id: int, status: str) -> None:
-        await write_event(tx, proposal_id, status)
+    async def then_fail(tx: Transaction, proposal: Proposal) -> None:
+        await write_event(tx, proposal)
         raise RuntimeError("the process died before the commit")
 
     proposal_id = await stage(app)
-    breaking = SqlProposalRepository(app.db, on_status=then_fail)
+    breaking = ApprovalService(SqlProposalRepository(app.db, app.audit.chain, on_status=then_fail), app.gate,
+                               app.audit, app.keys)
     with pytest.raises(RuntimeError):
-        await breaking.claim(proposal_id, "bob", timestamp())
+        await breaking.reject(proposal_id, Operator("bob", verified=True), "no")
     proposal = await app.proposals.get(proposal_id)
     assert proposal is not None and proposal.status == "pending"
     assert [event for event, _, _ in await events(app)] == ["proposal.pending"]
+    assert await app.db.fetch_all("SELECT 1 FROM audit_log WHERE outcome = 'rejected'") == []
 
 
 async def test_the_cli_writes_events_too(app: App, staged_env: dict[str, str]) -> None:

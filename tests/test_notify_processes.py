@@ -22,11 +22,11 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_knecht.app import open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.approval import ApprovalService, Operator
 from mcp_knecht.core.auth import TokenSettings, mint_token
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.store import open_database
+from mcp_knecht.testing import approve
 from tests.conftest import REPO, server_env
 from tests.receivers import Mailbox, WebhookReceiver
 from tests.servers import free_port, http_server, knecht_executable
@@ -79,12 +79,11 @@ async def test_two_replicas_on_postgresql_deliver_each_event_exactly_once(
         for _ in range(2):
             stack.enter_context(http_server(env, "--stateless"))
         async with open_app(load_settings(env=env), watch_policy=False) as app:  # an operator's side
-            service = ApprovalService(app.proposals, app.gate, app.audit)
             alice = Actor("alice", "pytest", frozenset(AGENT))
             for n in range(40):
                 staged = await app.gate.call_tool(alice, "record_effect", {"label": f"effect-{n}"})
                 if n % 2:
-                    await service.approve(staged.data["id"], Operator("bob"))  # type: ignore[index]
+                    await approve(app, staged.data["id"], "bob")  # type: ignore[index]
         expected = 40 + 20 + 20  # pending, decided, executed
         await webhook_receiver.wait_for(expected, timeout=60)
         await anyio.sleep(1.0)  # time for a duplicate to show, if there were one

@@ -9,16 +9,16 @@ import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx2
+import httpx
 import pytest
 
 from mcp_knecht.app import App, open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.approval import ApprovalService, Operator
+from mcp_knecht.core.settings import load_settings
 from mcp_knecht.knecht import secret_values
 from mcp_knecht.notify import NotifyWorker, notify_config
 from mcp_knecht.notify.channels import destinations
+from mcp_knecht.testing import approve, reject
 from tests.receivers import Mailbox, WebhookReceiver, text_of
 from tests.staging import TEST_TOOLSETS, make_config
 from tests.test_knecht_secrets import SECRET_SHAPES
@@ -50,7 +50,6 @@ ops = "{mailbox.url()}"
 
 async def test_no_secret_reaches_any_channel(app: App, webhook_receiver: WebhookReceiver, mailbox: Mailbox) -> None:
     alice = Actor("alice", "claude-code", frozenset(AGENT))
-    service = ApprovalService(app.proposals, app.gate, app.audit)
     known = await secret_values(app.db)
     demo_secret = sorted(known)[0]
     new_secret = "sk_live_" + secrets.token_urlsafe(24)
@@ -68,15 +67,15 @@ async def test_no_secret_reaches_any_channel(app: App, webhook_receiver: Webhook
                                               "value": "postgres://app:Sup3rS3cretPw@db.internal:5432/app"})
     known_value = await stage("record_effect", {"label": f"rotate {demo_secret}"})
     in_error = await stage("fail_effect", {"label": "password=hunter2hunter2"})
-    await service.approve(kept_secret, Operator("bob"))
-    await service.reject(in_url, Operator("bob"), f"never paste ghp_{'a1B2' * 9} or password=hunter2hunter2 here")
-    await service.approve(known_value, Operator("bob"))
-    await service.approve(in_error, Operator("bob"))
+    await approve(app, kept_secret, "bob")
+    await reject(app, in_url, f"never paste ghp_{'a1B2' * 9} or password=hunter2hunter2 here", "bob")
+    await approve(app, known_value, "bob")
+    await approve(app, in_error, "bob")
     failed = await app.proposals.get(in_error)
     assert failed is not None and failed.status == "failed"
 
     config = notify_config(app.settings, app.registry)
-    async with httpx2.AsyncClient() as client:
+    async with httpx.AsyncClient() as client:
         worker = NotifyWorker(app.db, config, destinations(config, client), scrub=app.secrets)
         assert await worker.run_once() == 2 * 11  # 4 pending, 4 decided, 2 executed, 1 failed; mail and webhook
 

@@ -4,6 +4,8 @@ decisions that name their rule — seen through the server and the CLI."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from mcp_knecht.app import App
 from mcp_knecht.core.policy_file import PolicySource, load_policy
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.errors import ConfigError
-from tests.conftest import REPO
+from tests.conftest import REPO, server_env
 from tests.staging import AGENT, TEST_TOOLSETS, acli, cli, make_config
 
 pytestmark = pytest.mark.anyio
@@ -131,6 +133,53 @@ async def test_a_broken_reload_keeps_the_last_good_policy_and_says_so(
     assert source().decide(memo, "get").mode == "auto"
     assert "keeping the last good policy" in caplog.text and "allow-all" in caplog.text
     assert source.last_error and "memo" in source.last_error
+
+
+@pytest.mark.parametrize("breakage", ["deleted", "emptied", "unreadable", "renamed"])
+async def test_a_policy_file_that_disappears_keeps_its_deny_rules(
+    tmp_path: Path, registry: Registry, caplog: pytest.LogCaptureFixture, breakage: str
+) -> None:
+    path = tmp_path / "policies.toml"
+    path.write_text("[tools]\nmemo = 'deny'\n")
+    source = PolicySource(path, registry)
+    memo = registry.get("memo")
+    assert memo is not None and source().decide(memo, "set").mode == "deny"
+    if breakage == "deleted":
+        path.unlink()
+    elif breakage == "emptied":
+        path.write_text("  \n")
+    elif breakage == "unreadable":
+        path.unlink()
+        path.mkdir()  # a directory where the file was: reading it fails
+    else:
+        path.rename(tmp_path / "policies.toml.bak")
+    with caplog.at_level(logging.ERROR):
+        assert not source.reload_if_changed()
+    assert source().decide(memo, "set").mode == "deny"  # the last good policy, not the built-in default
+    assert "keeping the last good policy" in caplog.text and source.last_error
+
+
+def test_policy_check_reports_a_missing_policy_file(staged_env: dict[str, str], config_dir: Path) -> None:
+    (config_dir / "policies.toml").unlink()
+    check = cli("mcp-knecht", staged_env, "policy", "check")
+    assert check.returncode == 0 and "is missing" in check.stderr and "last good policy" in check.stderr
+
+
+def test_policies_and_scopes_never_come_from_the_working_directory(
+    staged_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Claude Code starts the server inside the repository it works on: a permissive policies.toml and
+    scopes/ there must not switch approval off."""
+    hostile = tmp_path / "some-repository"
+    (hostile / "scopes").mkdir(parents=True)
+    (hostile / "scopes" / "catalogue.toml").write_text('[scopes]\n"runs:write" = "x"\n')
+    (hostile / "policies.toml").write_text('[policy]\ndefault = "auto"\n')
+    env = {k: v for k, v in staged_env.items() if k != "KNECHT_CONFIG_DIR"}
+    env.pop("KNECHT_TOOLSETS", None)
+    done = subprocess.run([str(Path(sys.executable).parent / "mcp-knecht"), "policy", "explain", "rerun_run"],
+                          cwd=hostile, env=server_env(env), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "rerun_run: approve" in done.stdout and "auto" not in done.stdout
 
 
 async def test_a_changed_file_takes_effect_without_a_restart(connect, app: App, config_dir: Path) -> None:  # type: ignore[no-untyped-def]

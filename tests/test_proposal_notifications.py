@@ -91,22 +91,22 @@ async def test_another_subjects_proposal_cannot_be_read_or_subscribed(app: App, 
 
 
 async def test_the_watcher_announces_changes_after_its_start_not_history(app: App) -> None:
-    from mcp_knecht.core.approval import ApprovalService, Operator
+    from mcp_knecht.core.approval import Operator
     from mcp_knecht.core.proposal_watch import ProposalWatcher, StatusChange
 
     decided_before = await stage(app)
-    await ApprovalService(app.proposals, app.gate, app.audit).reject(decided_before, Operator("bob"), "old")
+    await app.approvals.reject(decided_before, Operator("bob"), "old")
     still_open = await stage(app)
     heard: list[StatusChange] = []
 
     async def listen(change: StatusChange) -> None:
         heard.append(change)
 
-    watcher = ProposalWatcher(app.proposals)
+    watcher = ProposalWatcher(app.proposals, app.changes)
     watcher.subscribe(listen)
     assert await watcher.poll() == [] and heard == []  # history is not news
 
-    approvals = ApprovalService(app.proposals, app.gate, app.audit)
+    approvals = app.approvals
     await approvals.approve(still_open, Operator("bob"))
     quick = await stage(app)
     await approvals.reject(quick, Operator("bob"), "staged and decided between two looks")

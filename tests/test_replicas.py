@@ -17,9 +17,10 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_knecht.app import open_app
-from mcp_knecht.config import load_settings
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, mint_token
+from mcp_knecht.core.settings import load_settings
+from mcp_knecht.knecht import open_store
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import open_database
 from tests.conftest import REPO, server_env
@@ -34,7 +35,7 @@ APPROVERS = 8
 
 
 async def _prepare(url: str) -> None:
-    db = await open_database(url)
+    db = await open_store(url)
     try:
         await fill_demo_data(db, runs=100)
         async with db.transaction() as tx:
@@ -139,7 +140,7 @@ async def test_staged_on_one_replica_approved_by_the_cli_and_followed_on_the_oth
                 approved_at = anyio.current_time()
                 assert approved.returncode == 0, approved.stderr
 
-    assert outcome["status"] == "succeeded" and outcome["decided_by"] == "bob"
+    assert outcome["status"] == "succeeded" and outcome["decided_by"] == "local:bob"
     assert outcome["result"] == {"recorded": "across-replicas"}
     # Woken by the decision (NOTIFY on PostgreSQL, a 0.25 s poll on SQLite), not by the 40 s timeout.
     assert float(outcome["answered_at"]) - approved_at < 2.0  # type: ignore[arg-type]

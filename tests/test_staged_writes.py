@@ -70,14 +70,14 @@ async def test_a_staged_call_runs_only_after_approval_and_exactly_once(connect, 
 
         followed = await client.call_tool("get_proposal", {"id": proposal_id})
         assert followed.structured_content["status"] == "succeeded"
-        assert followed.structured_content["decided_by"] == "bob"
+        assert followed.structured_content["decided_by"] == "local:bob"  # a name nobody verified
         assert followed.structured_content["result"] == {"recorded": "deploy-1"}
 
     await app.audit.flush()
     trail = await app.db.fetch_all(
         "SELECT source, subject, outcome FROM audit_log WHERE proposal_id = ? ORDER BY id", (proposal_id,))
     assert [(r["source"], r["subject"], r["outcome"]) for r in trail] == [
-        ("mcp", "alice", "staged"), ("approval", "bob", "approved"), ("approval", "bob", "executed")]
+        ("mcp", "alice", "staged"), ("approval", "local:bob", "approved"), ("approval", "local:bob", "executed")]
     verified = await acli("mcp-knecht", staged_env, "audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
@@ -117,16 +117,35 @@ async def test_a_wrong_expected_hash_is_refused(connect, app: App, staged_env) -
     assert await effects(app) == []
 
 
-async def test_an_expired_proposal_cannot_be_approved(connect, app: App, staged_env) -> None:  # type: ignore[no-untyped-def]
+async def test_an_expired_proposal_cannot_be_approved(staged_env, actor_for) -> None:  # type: ignore[no-untyped-def]
+    from mcp_knecht import testing
+
+    quick = {**staged_env, "KNECHT_PROPOSAL_TTL": "1s"}
+    async with testing.running_app(quick, watch=True) as app:
+        async with testing.connect(app, actor_for("alice", AGENT)) as client:
+            proposal_id = await propose(client)
+            await anyio.sleep(1.2)
+            refused = await acli("knecht-approve", quick, "approve", str(proposal_id), "--as", "bob")
+            assert refused.returncode == 1 and "expired" in refused.stderr
+            followed = await client.call_tool("get_proposal", {"id": proposal_id})
+            assert followed.structured_content["status"] == "expired"
+        await app.approvals.expire_due()  # what the server's sweep does every 30 s: written, audited
+        await app.audit.flush()
+        expired = await app.db.fetch_all("SELECT subject, outcome FROM audit_log WHERE proposal_id = ? "
+                                         "AND outcome = 'expired'", (proposal_id,))
+        assert expired == [{"subject": "mcp-knecht", "outcome": "expired"}]
+        assert await app.db.fetch_one("SELECT 1 AS ran FROM audit_log WHERE outcome = 'executed'") is None
+
+
+async def test_a_proposal_whose_expiry_was_pushed_back_in_the_database_is_refused(  # type: ignore[no-untyped-def]
+        connect, app: App, staged_env) -> None:
     async with connect("alice", AGENT) as client:
         proposal_id = await propose(client)
-        async with app.db.transaction() as tx:
-            await tx.execute("UPDATE proposals SET expires_at = '2000-01-01T00:00:00.000000Z' WHERE id = ?",
-                             (proposal_id,))
-        refused = await acli("knecht-approve", staged_env, "approve", str(proposal_id), "--as", "bob")
-        assert refused.returncode == 1 and "expired" in refused.stderr
-        followed = await client.call_tool("get_proposal", {"id": proposal_id})
-        assert followed.structured_content["status"] == "expired"
+    async with app.db.transaction() as tx:
+        await tx.execute("UPDATE proposals SET expires_at = '2999-01-01T00:00:00.000000Z' WHERE id = ?",
+                         (proposal_id,))
+    refused = await acli("knecht-approve", staged_env, "approve", str(proposal_id), "--as", "bob")
+    assert refused.returncode == 1 and "fails its seal" in refused.stderr
     assert await effects(app) == []
 
 
@@ -176,3 +195,27 @@ async def test_watch_prints_new_pending_proposals(connect, app: App, staged_env)
     assert watched.returncode == 0, watched.stderr
     lines = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [(e["id"], e["arguments"]) for e in lines] == [(proposal_id, {"label": "watched"})]
+
+
+async def test_the_inbox_returns_each_decision_once(connect, app: App) -> None:  # type: ignore[no-untyped-def]
+    """An agent that cannot be woken learns of decisions at its next session: list_proposals(unseen=true)."""
+    from mcp_knecht import testing
+
+    async with connect("alice", AGENT) as client:
+        approved, rejected, waiting, looked_at = [await propose(client, f"inbox-{n}") for n in range(4)]
+        assert (await client.call_tool("list_proposals", {"unseen": True})).structured_content == {"proposals": []}
+    await testing.approve(app, approved)
+    await testing.reject(app, rejected, "not now")
+    await testing.approve(app, looked_at)
+    async with connect("alice", AGENT) as client:
+        await client.call_tool("get_proposal", {"id": looked_at})  # seen there: not in the inbox any more
+        first = (await client.call_tool("list_proposals", {"unseen": True})).structured_content
+        second = (await client.call_tool("list_proposals", {"unseen": True})).structured_content
+        both = await client.call_tool("list_proposals", {"unseen": True, "status": "failed"})
+    assert [(p["id"], p["status"]) for p in first["proposals"]] == [(approved, "succeeded"), (rejected, "rejected")]
+    assert first["proposals"][1]["reason"] == "not now"
+    assert second == {"proposals": []}
+    assert both.is_error
+    async with connect("carol", AGENT) as other:
+        assert (await other.call_tool("list_proposals", {"unseen": True})).structured_content == {"proposals": []}
+    assert waiting not in [p["id"] for p in first["proposals"]]

@@ -28,7 +28,8 @@ from mcp_knecht.core.auth import (
     mint_token,
     parse_ttl,
 )
-from mcp_knecht.errors import AuthError, ConfigError
+from mcp_knecht.core.settings import Settings, load_settings
+from mcp_knecht.errors import AuthError, ConfigError, UsageError
 
 pytestmark = pytest.mark.anyio
 
@@ -310,21 +311,21 @@ def test_private_key_as_public_key_is_refused(tmp_path: Path, rsa_key: Any) -> N
     path = tmp_path / "oops.pem"
     path.write_bytes(_private_pem(rsa_key))
     with pytest.raises(ConfigError, match="private key") as info:
-        load_token_settings(tmp_path, {"KNECHT_JWT_PUBLIC_KEY": str(path)}, create_dev_secret=False)
+        load_token_settings(_settings(tmp_path, {"KNECHT_JWT_PUBLIC_KEY": str(path)}), create_dev_secret=False)
     assert "BEGIN" not in info.value.message
 
 
 def test_missing_public_key_file_is_refused(tmp_path: Path) -> None:
     env = {"KNECHT_JWT_PUBLIC_KEY": str(tmp_path / "nope.pem")}
     with pytest.raises(ConfigError, match=r"nope\.pem"):
-        load_token_settings(tmp_path, env, create_dev_secret=True)
+        load_token_settings(_settings(tmp_path, env), create_dev_secret=True)
 
 
 def test_public_key_from_env(tmp_path: Path, rsa_key: Any) -> None:
     path = tmp_path / "pub.pem"
     path.write_bytes(_public_pem(rsa_key))
     env = {"KNECHT_JWT_PUBLIC_KEY": str(path), "KNECHT_JWT_AUDIENCE": "aud-x", "KNECHT_JWT_ISSUER": "iss-x"}
-    settings = load_token_settings(tmp_path, env, create_dev_secret=True)
+    settings = load_token_settings(_settings(tmp_path, env), create_dev_secret=True)
     assert (settings.public_key_path, settings.audience, settings.issuer) == (path, "aud-x", "iss-x")
     assert settings.secret is None and settings.dev_secret_path is None
     assert not (tmp_path / "jwt-secret").exists()
@@ -422,12 +423,16 @@ def test_jwks_must_be_https_unless_local() -> None:
     assert TokenSettings(jwks_url="https://idp.example/jwks.json").key_kind == "jwks"
 
 
+def _settings(data_dir: Path, env: dict[str, str]) -> Settings:
+    return load_settings(env={**env, "KNECHT_DATA_DIR": str(data_dir)})
+
+
 # --- key configuration and the dev secret ---------------------------------------------------------------
 
 
 def test_dev_secret_created_private_and_reused(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    first = load_token_settings(data_dir, {}, create_dev_secret=True)
+    first = load_token_settings(_settings(data_dir, {}), create_dev_secret=True)
     path = data_dir / "jwt-secret"
     assert first.dev_secret_path == path and first.dev_secret_created
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -436,43 +441,43 @@ def test_dev_secret_created_private_and_reused(tmp_path: Path) -> None:
     assert first.secret not in repr(first)
     assert [p.name for p in data_dir.iterdir()] == ["jwt-secret"]  # no temp file left behind
 
-    second = load_token_settings(data_dir, {}, create_dev_secret=True)
+    second = load_token_settings(_settings(data_dir, {}), create_dev_secret=True)
     assert second.secret == first.secret and not second.dev_secret_created
     token = mint_token(first, subject="dev", scopes=["a:read"])
     assert TokenVerifier(second).verify(token).subject == "dev"
 
 
 def test_dev_secret_differs_between_data_dirs(tmp_path: Path) -> None:
-    a = load_token_settings(tmp_path / "a", {}, create_dev_secret=True)
-    b = load_token_settings(tmp_path / "b", {}, create_dev_secret=True)
+    a = load_token_settings(_settings(tmp_path / "a", {}), create_dev_secret=True)
+    b = load_token_settings(_settings(tmp_path / "b", {}), create_dev_secret=True)
     assert a.secret != b.secret
 
 
 def test_no_key_and_no_dev_secret_is_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="KNECHT_JWT_SECRET"):
-        load_token_settings(tmp_path, {}, create_dev_secret=False)
+        load_token_settings(_settings(tmp_path, {}), create_dev_secret=False)
     assert not (tmp_path / "jwt-secret").exists()
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
 def test_dev_secret_with_wide_permissions_is_refused(tmp_path: Path) -> None:
-    load_token_settings(tmp_path, {}, create_dev_secret=True)
+    load_token_settings(_settings(tmp_path, {}), create_dev_secret=True)
     path = tmp_path / "jwt-secret"
     path.chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600") as info:
-        load_token_settings(tmp_path, {}, create_dev_secret=True)
+        load_token_settings(_settings(tmp_path, {}), create_dev_secret=True)
     assert path.read_text().strip() not in info.value.message
 
 
 def test_env_secret_wins_over_dev_secret(tmp_path: Path) -> None:
-    settings = load_token_settings(tmp_path, {"KNECHT_JWT_SECRET": SECRET}, create_dev_secret=True)
+    settings = load_token_settings(_settings(tmp_path, {"KNECHT_JWT_SECRET": SECRET}), create_dev_secret=True)
     assert settings.secret == SECRET and settings.dev_secret_path is None
     assert not (tmp_path / "jwt-secret").exists()
 
 
 def test_short_secret_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="too short") as info:
-        load_token_settings(tmp_path, {"KNECHT_JWT_SECRET": "hunter2"}, create_dev_secret=True)
+        load_token_settings(_settings(tmp_path, {"KNECHT_JWT_SECRET": "hunter2"}), create_dev_secret=True)
     assert "hunter2" not in info.value.message
     with pytest.raises(ConfigError):
         TokenSettings(secret="x" * 31)
@@ -495,7 +500,7 @@ def test_several_keys_configured_is_refused(tmp_path: Path) -> None:
 )
 def test_mint_rejects_bad_input(settings: TokenSettings, kwargs: dict[str, Any]) -> None:
     args: dict[str, Any] = {"subject": "alice", "scopes": ["a:read"], **kwargs}
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         mint_token(settings, **args)
 
 
@@ -518,5 +523,5 @@ def test_parse_ttl(text: str, expected: timedelta) -> None:
     "text", ["", "8", "h", "8x", "-1h", "1.5h", "0m", "400d", "8h and more", "99999999999999d"]
 )
 def test_parse_ttl_rejects_bad_input(text: str) -> None:
-    with pytest.raises(ConfigError, match=r"(?i)duration"):
+    with pytest.raises(UsageError, match=r"(?i)lifetime"):
         parse_ttl(text)

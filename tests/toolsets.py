@@ -35,13 +35,13 @@ class MemoInput(ToolInput):
 
 
 def toolset(context: ToolsetContext) -> Toolset:
-    db = context.db
+    db = context.store
 
     async def record(label: str, phase: str, ctx: ToolContext) -> None:
         async with db.transaction() as tx:
             await tx.execute(EFFECTS_TABLE)
             await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
-                             (label, phase, ctx.actor.subject, ctx.source))
+                             (label, phase, ctx.actor.subject, str(ctx.source)))
 
     async def record_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
         await record(args.label, "done", ctx)
@@ -65,12 +65,12 @@ def toolset(context: ToolsetContext) -> Toolset:
         return {"action": args.action}
 
     return Toolset(name="test", tools=[
-        Tool("record_effect", "Record an effect (test tool).", "runs:write", EffectInput, record_effect,
-             effect="write", preview=preview_effect),
-        Tool("slow_effect", "Record an effect slowly (test tool).", "runs:write", SlowInput, slow_effect,
-             effect="write"),
+        Tool(name="record_effect", description="Record an effect (test tool).", scope="runs:write",
+             input_model=EffectInput, handler=record_effect, effect="write", preview=preview_effect),
+        Tool(name="slow_effect", description="Record an effect slowly (test tool).", scope="runs:write",
+             input_model=SlowInput, handler=slow_effect, effect="write"),
         Tool(name="fail_effect", description="Fail to record an effect (test tool).", scope="runs:write",
              input_model=EffectInput, handler=fail_effect, effect="write"),
-        Tool("memo", "Read or write a memo (test tool).", "runs:write", MemoInput, memo,
-             action_effects={"get": "read", "set": "write"}),
+        Tool(name="memo", description="Read or write a memo (test tool).", scope="runs:write",
+             input_model=MemoInput, handler=memo, action_effects={"get": "read", "set": "write"}),
     ])

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -15,7 +15,7 @@ def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-d
     import anyio
 
     from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
 
     settings = load_settings(db=args.db, config=args.config)
 
@@ -28,8 +28,12 @@ def _registry_and_policy(args: argparse.Namespace):  # type: ignore[no-untyped-d
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
     from mcp_knecht.cli.render import table
+    from mcp_knecht.core.policy_file import missing_or_empty
 
     settings, registry, policy = _registry_and_policy(args)
+    if (gone := missing_or_empty(settings.policy_file)) is not None:
+        print(f"mcp-knecht: warning: {gone}: the built-in defaults apply here, but a running server that loaded "
+              "a policy keeps its last good policy until the file is back.", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     for tool in sorted(registry, key=lambda t: t.name):
         for action in tool.actions or (None,):
@@ -67,27 +71,48 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _verify(db: Any, chain: Any, as_json: bool) -> int:
+    """Stream the chain once (bounded memory), with a progress line on long logs."""
+    import time
+
+    from mcp_knecht.cli.errors import say
+    from mcp_knecht.store.audit_log import ChainProblem
+
+    problems: list[ChainProblem] = []
+    started, rows = time.perf_counter(), 0
+    async for found in chain.verify(db):
+        if isinstance(found, ChainProblem):
+            problems.append(found)
+        else:
+            rows = found
+            say(f"mcp-knecht: verified {rows:,} rows…")
+    count = await db.fetch_one("SELECT COUNT(*) AS n FROM audit_log")
+    rows = count["n"] if count else 0
+    seconds = time.perf_counter() - started
+    rate = round(rows / seconds) if seconds > 0 else rows
+    if as_json:
+        print(json.dumps({"rows": rows, "ok": not problems, "rows_per_second": rate,
+                          "problems": [{"id": p.id, "problem": p.problem} for p in problems]}))
+    elif problems:
+        for problem in problems:
+            print(f"row {problem.id}: {problem.problem}")
+    else:
+        print(f"Audit chain intact: {rows} rows ({rate:,} rows/s).")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
 async def _audit(args: argparse.Namespace) -> int:
     from mcp_knecht.cli.render import table
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.keys import load_server_keys
+    from mcp_knecht.core.settings import load_settings
     from mcp_knecht.store import open_database
-    from mcp_knecht.store.audit_log import recent_entries, verify_chain
+    from mcp_knecht.store.audit_log import AuditChain, recent_entries
 
     settings = load_settings(db=args.db, config=args.config)
     db = await open_database(settings.database_url)
     try:
         if args.audit_command == "verify":
-            problems = await verify_chain(db)
-            count = await db.fetch_one("SELECT COUNT(*) AS n FROM audit_log")
-            if args.json:
-                print(json.dumps({"rows": count["n"] if count else 0, "ok": not problems,
-                                  "problems": [{"id": p.id, "problem": p.problem} for p in problems]}))
-            elif problems:
-                for problem in problems:
-                    print(f"row {problem.id}: {problem.problem}")
-            else:
-                print(f"Audit chain intact: {count['n'] if count else 0} rows.")
-            return EXIT_FAILED if problems else EXIT_OK
+            return await _verify(db, AuditChain(load_server_keys(settings)), args.json)
         entries = await recent_entries(db, tool=args.tool, subject=args.subject, outcome=args.outcome,
                                        source=args.source, proposal_id=args.proposal, limit=args.limit)
         if args.json:

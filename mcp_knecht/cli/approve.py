@@ -8,17 +8,20 @@ configuration error.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
-from mcp_knecht.errors import ConfigError, DecisionError, KnechtError
+from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, report, say
+from mcp_knecht.errors import KnechtError
 
-EXIT_OK, EXIT_NOT_PENDING, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from mcp_knecht.cli.decisions import Decisions
+
+EXIT_NOT_PENDING = EXIT_FAILED
 
 _EPILOG = """\
 examples:
@@ -31,72 +34,51 @@ examples:
   knecht-approve settle 12 --outcome failed --reason "no rerun was created"
                                              an execution whose approver died
 
+operators: with KNECHT_OPERATOR_TOKEN set, you decide as that token's (verified)
+subject, directly or through --server URL; without one, and only while
+KNECHT_OPERATOR_AUTH is `local`, as `local:NAME` (--as NAME, default your login).
+
 exit codes: 0 done, 1 not pending any more (lost race, expired, unknown) or not
 yours to approve, 2 usage error
 """
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-async def _with_app(args: argparse.Namespace, body: Callable[[Any], Awaitable[int]]) -> int:
-    from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
+async def _with_decisions(args: argparse.Namespace) -> int:
+    from mcp_knecht.cli.decisions import open_decisions
+    from mcp_knecht.core.settings import load_settings
 
     settings = load_settings(db=args.db, config=args.config)
-    async with open_app(settings, watch_policy=False) as app:
-        return await body(app)
+    async with open_decisions(settings, server=args.server, as_name=args.operator) as decisions:
+        result: int = await args.run(args, decisions)
+        return result
 
 
-def _operator(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from mcp_knecht.core.approval import Operator
-
-    name = (args.operator or "").strip()
-    if not name:
-        raise ConfigError("--as needs a name.")
-    return Operator(name=name)
-
-
-async def _list(args: argparse.Namespace, app: Any) -> int:
+async def _list(args: argparse.Namespace, decisions: Decisions) -> int:
     from mcp_knecht.cli.render import PROPOSAL_HEADERS, proposal_json, proposal_row, table
-    from mcp_knecht.core.proposals import timestamp
 
-    await app.proposals.expire_overdue(timestamp())
-    found = await app.proposals.list(status=args.status, limit=args.limit)
+    found = await decisions.list(status=args.status, limit=args.limit)
     if args.json:
         print(json.dumps([proposal_json(p) for p in found], indent=2, ensure_ascii=False))
     elif found:
         print(table(PROPOSAL_HEADERS, [proposal_row(p) for p in found]))
     else:
-        _say(f"No {args.status or ''} proposals.".replace("  ", " "))
+        say(f"No {args.status or ''} proposals.".replace("  ", " "))
     return EXIT_OK
 
 
-async def _show(args: argparse.Namespace, app: Any) -> int:
+async def _show(args: argparse.Namespace, decisions: Decisions) -> int:
     from mcp_knecht.cli.render import proposal_details, proposal_json
-    from mcp_knecht.core.proposals import timestamp
 
-    await app.proposals.expire_overdue(timestamp())
-    proposal = await app.proposals.get(args.id)
-    if proposal is None:
-        _say(f"knecht-approve: proposal #{args.id} does not exist.")
-        return EXIT_NOT_PENDING
+    proposal = await decisions.get(args.id)
     print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False) if args.json
           else proposal_details(proposal))
     return EXIT_OK
 
 
-def _service(app: Any):  # type: ignore[no-untyped-def]
-    from mcp_knecht.core.approval import ApprovalService
-
-    return ApprovalService(app.proposals, app.gate, app.audit)
-
-
-async def _approve(args: argparse.Namespace, app: Any) -> int:
+async def _approve(args: argparse.Namespace, decisions: Decisions) -> int:
     from mcp_knecht.cli.render import proposal_json
 
-    proposal = await _service(app).approve(args.id, _operator(args), expect_hash=args.expect_hash)
+    proposal = await decisions.approve(args.id, expect_hash=args.expect_hash)
     if args.json:
         print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False))
     else:
@@ -108,32 +90,40 @@ async def _approve(args: argparse.Namespace, app: Any) -> int:
     return EXIT_OK
 
 
-async def _reject(args: argparse.Namespace, app: Any) -> int:
-    proposal = await _service(app).reject(args.id, _operator(args), args.reason)
-    print(f"Rejected #{proposal.id} ({proposal.call_name}): {proposal.reason}")
+async def _reject(args: argparse.Namespace, decisions: Decisions) -> int:
+    from mcp_knecht.cli.render import proposal_json
+
+    proposal = await decisions.reject(args.id, reason=args.reason)
+    if args.json:
+        print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False))
+    else:
+        print(f"Rejected #{proposal.id} ({proposal.call_name}): {proposal.reason}")
     return EXIT_OK
 
 
-async def _settle(args: argparse.Namespace, app: Any) -> int:
-    proposal = await _service(app).settle(args.id, _operator(args), succeeded=args.outcome == "succeeded",
-                                          note=args.reason, force=args.force)
-    print(f"Settled #{proposal.id} ({proposal.call_name}) as {proposal.status}.")
+async def _settle(args: argparse.Namespace, decisions: Decisions) -> int:
+    from mcp_knecht.cli.render import proposal_json
+
+    proposal = await decisions.settle(args.id, succeeded=args.outcome == "succeeded", reason=args.reason,
+                                      force=args.force)
+    if args.json:
+        print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False))
+    else:
+        print(f"Settled #{proposal.id} ({proposal.call_name}) as {proposal.status}.")
     return EXIT_OK
 
 
-async def _watch(args: argparse.Namespace, app: Any) -> int:
+async def _watch(args: argparse.Namespace, decisions: Decisions) -> int:
     from mcp_knecht.cli.render import proposal_json, proposal_row
-    from mcp_knecht.core.proposals import timestamp
 
     last_seen = 0
     if not args.all:
-        newest = await app.proposals.list(limit=1)
+        newest = await decisions.list(status=None, limit=1)
         last_seen = newest[0].id if newest else 0
-    _say(f"Watching for new pending proposals (Ctrl-C to stop){'' if args.all else f' after #{last_seen}'}…")
+    say(f"Watching for new pending proposals (Ctrl-C to stop){'' if args.all else f' after #{last_seen}'}…")
     with anyio.move_on_after(args.timeout):
         while True:
-            await app.proposals.expire_overdue(timestamp())
-            fresh = await app.proposals.list(status="pending", after_id=last_seen, limit=100)
+            fresh = await decisions.list(status="pending", after_id=last_seen, limit=100)
             for proposal in sorted(fresh, key=lambda p: p.id):
                 if args.json:
                     print(json.dumps(proposal_json(proposal), ensure_ascii=False), flush=True)
@@ -154,8 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db", metavar="URL", help="database URL (default $KNECHT_DATABASE_URL or the data dir)")
     common.add_argument("--config", metavar="DIR", help="config dir with policies.toml and scopes/")
-    common.add_argument("--as", dest="operator", default=getpass.getuser(),
-                        help="operator name recorded as decided_by (default: your login name)")
+    common.add_argument("--server", metavar="URL",
+                        help="decide through this server's API (default $KNECHT_SERVER_URL); needs "
+                             "$KNECHT_OPERATOR_TOKEN")
+    common.add_argument("--as", dest="operator", default=None, metavar="NAME",
+                        help="local mode only: the operator name recorded as decided_by (local:NAME; default: your "
+                             "login name); never overrides an operator token")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -206,13 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return anyio.run(_with_app, args, lambda app: args.run(args, app))
-    except DecisionError as exc:
-        _say(f"knecht-approve: {exc.message}")
-        return EXIT_NOT_PENDING
+        return anyio.run(_with_decisions, args)
     except KnechtError as exc:
-        _say(f"knecht-approve: {exc.message}")
-        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_NOT_PENDING
+        return report("knecht-approve", exc)
     except KeyboardInterrupt:
         return 130
 

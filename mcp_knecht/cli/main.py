@@ -10,9 +10,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from mcp_knecht.cli.errors import EXIT_OK, EXIT_USAGE, report, say
 from mcp_knecht.errors import KnechtError
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 _EPILOG = """\
 examples:
@@ -27,12 +26,8 @@ examples:
 """
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
 
     return load_settings(db=getattr(args, "db", None), config=getattr(args, "config", None))
 
@@ -40,9 +35,9 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _token_settings(settings, *, announce: bool = True):  # type: ignore[no-untyped-def]
     from mcp_knecht.core.auth import load_token_settings
 
-    token_settings = load_token_settings(settings.data_dir, settings.env, create_dev_secret=True)
+    token_settings = load_token_settings(settings, create_dev_secret=True)
     if announce and token_settings.dev_secret_created:
-        _say(f"mcp-knecht: generated a dev signing secret at {token_settings.dev_secret_path} (mode 0600).")
+        say(f"mcp-knecht: generated a dev signing secret at {token_settings.dev_secret_path} (mode 0600).")
     return token_settings
 
 
@@ -58,9 +53,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     verifier = TokenVerifier(token_settings)
     if args.transport == "stdio":
-        token = os.environ.get("KNECHT_TOKEN", "").strip()
+        token = (settings.token or "").strip()
         if not token:
-            _say(
+            say(
                 "mcp-knecht: KNECHT_TOKEN is not set. Mint a token and pass it in the environment:\n"
                 "  export KNECHT_TOKEN=$(mcp-knecht token mint --sub $USER --profile claude-code)"
             )
@@ -70,21 +65,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:
             actor = verifier.verify(token)
         except AuthError as exc:
-            _say(
+            say(
                 f"mcp-knecht: KNECHT_TOKEN was refused: {exc.message}\n"
                 "Mint a new one with: mcp-knecht token mint --sub $USER --profile claude-code"
             )
             return EXIT_USAGE
-        return anyio.run(_serve_stdio, settings, actor)
+        return anyio.run(_serve_stdio, settings, actor, token_settings.leeway_seconds)
     return anyio.run(_serve_http, settings, verifier, args)
 
 
-async def _serve_stdio(settings, actor) -> int:  # type: ignore[no-untyped-def]
+async def _serve_stdio(settings, actor, leeway_seconds: int) -> int:  # type: ignore[no-untyped-def]
     from mcp_knecht.app import open_app
     from mcp_knecht.transports.stdio import serve_stdio
 
     async with open_app(settings) as app:
-        await serve_stdio(app, actor)
+        await serve_stdio(app, actor, leeway_seconds=leeway_seconds)
     return EXIT_OK
 
 
@@ -93,7 +88,7 @@ async def _serve_http(settings, verifier, args: argparse.Namespace) -> int:  # t
     from mcp_knecht.transports.http import serve_http
 
     async with open_app(settings) as app:
-        _say(
+        say(
             f"mcp-knecht: serving MCP at http://{args.host}:{args.port}/mcp "
             f"({'stateless' if args.stateless else 'sessions'}; database {settings.database_url})"
         )
@@ -114,7 +109,7 @@ def _cmd_token_mint(args: argparse.Namespace) -> int:
     scopes: list[str] = list(catalogue.profile(args.profile).scopes) if args.profile else []
     scopes += args.scope or []
     if not scopes:
-        _say("mcp-knecht: give --profile NAME or at least one --scope S.")
+        say("mcp-knecht: give --profile NAME or at least one --scope S.")
         return EXIT_USAGE
     catalogue.check_known(scopes, "token mint")
     private_key = None
@@ -125,7 +120,7 @@ def _cmd_token_mint(args: argparse.Namespace) -> int:
     for claim in args.claim or []:
         name, sep, value = claim.partition("=")
         if not sep or not name.strip():
-            _say(f"mcp-knecht: --claim needs NAME=VALUE, got {claim!r}.")
+            say(f"mcp-knecht: --claim needs NAME=VALUE, got {claim!r}.")
             return EXIT_USAGE
         extra[name.strip()] = value
     token = mint_token(
@@ -150,16 +145,16 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
     settings = _settings(args)
 
     async def fill() -> int:
+        from mcp_knecht.knecht import open_store
         from mcp_knecht.knecht.demo import fill_demo_data
-        from mcp_knecht.store import open_database
 
-        db = await open_database(settings.database_url)
+        db = await open_store(settings.database_url)
         try:
             summary = await fill_demo_data(db, seed=args.seed, runs=args.runs, log_mb=args.log_mb,
-                                           run_logs=not args.no_run_logs, progress=_say)
+                                           run_logs=not args.no_run_logs, progress=say)
         finally:
             await db.close()
-        _say(f"mcp-knecht: demo data written to {settings.database_url}")
+        say(f"mcp-knecht: demo data written to {settings.database_url}")
         print(summary.describe() if hasattr(summary, "describe") else summary)
         return EXIT_OK
 
@@ -193,7 +188,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="URL", help="database URL (sqlite:///PATH or postgresql://…); "
                         "default $KNECHT_DATABASE_URL or knecht.db in the data dir")
     parser.add_argument("--config", metavar="DIR", help="folder with policies.toml and scopes/; "
-                        "default $KNECHT_CONFIG_DIR, the working directory or the source checkout")
+                        "default $KNECHT_CONFIG_DIR, else the installation's own")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,8 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except KnechtError as exc:
-        _say(f"mcp-knecht: {exc.message}")
-        return EXIT_USAGE if exc.code in ("config", "scope_catalogue") else EXIT_FAILED
+        return report("mcp-knecht", exc)
     except KeyboardInterrupt:
         return 130
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import uuid
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, say
 
 _TEST_EPILOG = """\
 examples:
@@ -22,16 +21,12 @@ examples:
 """
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 async def _test(args: argparse.Namespace) -> int:
-    import httpx2
+    import httpx
 
     from mcp_knecht.app import open_app
-    from mcp_knecht.config import load_settings
-    from mcp_knecht.core.proposals import timestamp
+    from mcp_knecht.core.clock import timestamp
+    from mcp_knecht.core.settings import load_settings
     from mcp_knecht.errors import DeliveryError
     from mcp_knecht.notify import notify_config
     from mcp_knecht.notify.channels import destinations
@@ -43,16 +38,16 @@ async def _test(args: argparse.Namespace) -> int:
         app.secrets.add(config.secrets)
         names = config.destinations
         if not names:
-            _say(f"mcp-knecht: no notification channels: add [notify.channels] to {config.source} "
+            say(f"mcp-knecht: no notification channels: add [notify.channels] to {config.source} "
                  "or set KNECHT_WEBHOOK_URL and KNECHT_WEBHOOK_SECRET.")
             return EXIT_USAGE
         if args.channel is not None:
             if args.channel not in names:
-                _say(f"mcp-knecht: no channel {args.channel!r}; configured: {', '.join(names)}.")
+                say(f"mcp-knecht: no channel {args.channel!r}; configured: {', '.join(names)}.")
                 return EXIT_USAGE
             names = [args.channel]
         results: list[dict[str, Any]] = []
-        async with httpx2.AsyncClient(follow_redirects=False) as client:
+        async with httpx.AsyncClient(follow_redirects=False) as client:
             targets = destinations(config, client)
             for name in names:
                 message = trial_message(f"msg_test_{uuid.uuid4().hex}", timestamp(), name)
@@ -71,7 +66,7 @@ async def _test(args: argparse.Namespace) -> int:
 
 async def _status(args: argparse.Namespace) -> int:
     from mcp_knecht.cli.render import table
-    from mcp_knecht.config import load_settings
+    from mcp_knecht.core.settings import load_settings
     from mcp_knecht.notify import outbox
     from mcp_knecht.store import open_database
 

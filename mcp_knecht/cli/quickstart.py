@@ -6,19 +6,19 @@ import json
 import shutil
 import sys
 
-from mcp_knecht.config import Settings
 from mcp_knecht.core.auth import TokenSettings, mint_token
 from mcp_knecht.core.scopes import load_scopes
+from mcp_knecht.core.settings import CONFIG_DIR, DATABASE_URL, TOKEN, Settings
 
 PROFILE = "claude-code"
 
 
 async def prepare(settings: Settings, token_settings: TokenSettings, subject: str) -> str:
     """Fill demo data into an empty database and mint a claude-code token."""
+    from mcp_knecht.knecht import open_store
     from mcp_knecht.knecht.demo import fill_demo_data
-    from mcp_knecht.store import open_database
 
-    db = await open_database(settings.database_url)
+    db = await open_store(settings.database_url)
     try:
         if await db.fetch_one("SELECT 1 AS present FROM projects LIMIT 1") is None:
             print("mcp-knecht: filling demo data…", file=sys.stderr)
@@ -31,8 +31,7 @@ async def prepare(settings: Settings, token_settings: TokenSettings, subject: st
 
 def print_client_config(settings: Settings, token: str, *, host: str, port: int) -> None:
     executable = shutil.which("mcp-knecht") or "mcp-knecht"
-    env = {"KNECHT_TOKEN": token, "KNECHT_DATABASE_URL": settings.database_url,
-           "KNECHT_CONFIG_DIR": str(settings.config_dir)}
+    env = {TOKEN.name: token, DATABASE_URL.name: settings.database_url, CONFIG_DIR.name: str(settings.config_dir)}
     url = f"http://{host}:{port}/mcp"
     cursor = {"mcpServers": {"knecht": {"command": executable, "args": ["serve"], "env": env}}}
     cursor_http = {"mcpServers": {"knecht": {"url": url, "headers": {"Authorization": f"Bearer {token}"}}}}

@@ -71,6 +71,4 @@ def proposal_details(p: Proposal) -> str:
 
 
 def proposal_json(p: Proposal) -> dict[str, Any]:
-    return {**p.public(), "proposer": {"subject": p.proposer_subject, "client": p.proposer_client,
-                                       "scopes": list(p.proposer_scopes)},
-            "rule": p.rule, "preview": p.preview, "started_at": p.started_at}
+    return p.document()

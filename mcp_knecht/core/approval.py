@@ -1,34 +1,44 @@
-"""Deciding proposals: approve (then execute exactly once) or reject.
+"""Deciding proposals: approve (then execute exactly once), reject, settle, expire.
 
     approve(id)  pending ──claim──▶ approved ──▶ executing ──▶ succeeded | failed
     reject(id)   pending ──────────▶ rejected
+    expire_due()  pending ─────────▶ expired                        (by the server's clock)
     settle(id)                               executing ──▶ succeeded | failed   (by a person)
 
 The claim is one conditional update: of racing operators exactly one wins, and only the winner
-executes. Execution runs the frozen arguments (hash re-checked, re-validated) through the gate's
-own execution path, as the proposer with the scopes it held, with no model involved. A crash
-while executing leaves `executing`: nothing here ever picks it up again. An operator who has
-checked the effect by hand may `settle` it — record the outcome; nothing runs.
+executes. Each transition commits together with its audit row. Before a proposal is shown, approved
+or executed its seal is checked — a server-keyed MAC over everything that decides what runs — so a
+row rewritten in the database is refused (and the refusal audited), never run. Execution runs the
+frozen arguments (re-validated) through the gate's own execution path, as the proposer with the
+scopes it held, with no model involved. A crash while executing leaves `executing`: nothing here
+ever picks it up again. An operator who has checked the effect by hand may `settle` it.
+
+Who decides is an `Operator`: verified (from an operator token: the API, `--server`, or
+`KNECHT_OPERATOR_TOKEN`) or local (the name a local CLI user gave, recorded as `local:NAME`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from typing import Any
 
-from mcp_knecht.core.audit import AuditEntry, DurableAuditSink
-from mcp_knecht.core.canonical import sha256_hex
+from mcp_knecht.core import clock
+from mcp_knecht.core.audit import AuditEntry, DurableAuditSink, Outcome
 from mcp_knecht.core.gate import Gate
-from mcp_knecht.core.proposals import Proposal, ProposalRepository, timestamp
+from mcp_knecht.core.keys import ServerKeys
+from mcp_knecht.core.proposals import Proposal, ProposalRepository, same_person
+from mcp_knecht.core.tools import APPROVAL
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
-    ConfigError,
     DecisionError,
     HashMismatchError,
     InvalidArgumentsError,
     NotPendingError,
     SelfApprovalError,
+    TamperedError,
+    UsageError,
 )
 
 MIN_EXPECTED_HASH = 8
@@ -40,19 +50,40 @@ SETTLE_AFTER = timedelta(minutes=5)
 class Operator:
     name: str
     client: str = "knecht-approve"
+    verified: bool = False
+    """True when `name` is the subject of a verified operator token."""
+
+    @property
+    def recorded_as(self) -> str:
+        """What `decided_by` says: the verified subject, or `local:NAME` for a name nobody checked."""
+        return self.name if self.verified else f"local:{self.name}"
 
 
 class ApprovalService:
-    def __init__(self, proposals: ProposalRepository, gate: Gate, audit: DurableAuditSink) -> None:
+    def __init__(self, proposals: ProposalRepository, gate: Gate, audit: DurableAuditSink, keys: ServerKeys) -> None:
         self._proposals = proposals
         self._gate = gate
         self._audit = audit
+        self._keys = keys
 
-    async def _current(self, proposal_id: int) -> Proposal:
-        await self._proposals.expire_overdue(timestamp())
+    # --- reading, with the seal checked --------------------------------------------------------------
+
+    def seal_holds(self, proposal: Proposal) -> bool:
+        return (self._keys.verify("seal", proposal.seal_text(), proposal.seal)
+                and self._keys.verify("arguments", proposal.arguments_json, proposal.arguments_hash))
+
+    async def checked(self, proposal_id: int, reader: str = "knecht-approve") -> Proposal:
+        """The proposal, refused (and the refusal audited) when its row fails its seal."""
         proposal = await self._proposals.get(proposal_id)
         if proposal is None:
             raise NotPendingError(f"Proposal #{proposal_id} does not exist.")
+        if proposal.seal is not None and not self.seal_holds(proposal):
+            self._record(Operator(reader), proposal, "tampered", problem="seal broken")
+            await self._audit.flush()
+            raise TamperedError(
+                f"Proposal #{proposal_id} fails its seal: its row was changed outside mcp-knecht (arguments, tool, "
+                "proposer or scopes). It will not be shown or run; check the database and `mcp-knecht audit verify`."
+            )
         return proposal
 
     @staticmethod
@@ -60,94 +91,115 @@ class ApprovalService:
         if proposal.status == "expired":
             return NotPendingError(f"Proposal #{proposal.id} expired at {proposal.expires_at}; it cannot be decided.")
         who = f" by {proposal.decided_by} at {proposal.decided_at}" if proposal.decided_by else ""
-        return NotPendingError(f"Proposal #{proposal.id} is not pending any more: {proposal.shown_status}{who}.")
+        return NotPendingError(f"Proposal #{proposal.id} is not pending any more: {proposal.shown_status}{who}.",
+                               details={"status": proposal.status, "decided_by": proposal.decided_by})
 
-    def _record(self, operator: Operator, proposal: Proposal, outcome: str, **detail: object) -> None:
-        self._audit.record(AuditEntry(
-            source="approval", subject=operator.name, client=operator.client, tool=proposal.tool,
-            action=proposal.action, outcome=outcome,  # type: ignore[arg-type]
-            rule=proposal.rule, proposal_id=proposal.id, arguments_hash=proposal.arguments_hash,
-            detail={"proposer": proposal.proposer_subject, **detail},
-        ))
+    def _entry(self, operator: Operator, proposal: Proposal, outcome: Outcome, **detail: Any) -> AuditEntry:
+        return AuditEntry(
+            source="approval", subject=operator.recorded_as, client=operator.client, tool=proposal.tool,
+            action=proposal.action, outcome=outcome, rule=proposal.rule, proposal_id=proposal.id,
+            arguments_hash=proposal.arguments_hash, detail={"proposer": proposal.proposer_subject, **detail},
+        )
+
+    def _record(self, operator: Operator, proposal: Proposal, outcome: Outcome, **detail: Any) -> None:
+        self._audit.record(self._entry(operator, proposal, outcome, **detail))
+
+    # --- decisions -----------------------------------------------------------------------------------
 
     async def approve(self, proposal_id: int, operator: Operator, *, expect_hash: str | None = None) -> Proposal:
-        proposal = await self._current(proposal_id)
+        proposal = await self.checked(proposal_id)
         if proposal.status != "pending":
             raise self._not_pending(proposal)
-        if proposal.proposer_subject == operator.name:
+        if proposal.seal is None:
+            raise DecisionError(
+                f"Proposal #{proposal_id} was staged by an older release, before proposals were sealed; it cannot "
+                "be approved. Reject it and have the call proposed again."
+            )
+        if same_person(proposal.proposer_subject, operator.name):
             raise SelfApprovalError(
-                f"Proposal #{proposal_id} was proposed by {operator.name}; another operator must approve it."
+                f"Proposal #{proposal_id} was proposed by {proposal.proposer_subject}; another operator must "
+                "approve it."
             )
         if expect_hash is not None:
             expected = expect_hash.strip().lower()
             if len(expected) < MIN_EXPECTED_HASH:
-                raise ConfigError(f"--expect-hash needs at least {MIN_EXPECTED_HASH} hex digits of the hash.")
+                raise UsageError(f"--expect-hash needs at least {MIN_EXPECTED_HASH} hex digits of the hash.")
             if not proposal.arguments_hash.startswith(expected):
                 raise HashMismatchError(
                     f"Proposal #{proposal_id} has hash {proposal.arguments_hash[:16]}…, not {expected}…; "
                     "look at it again with `knecht-approve show`."
                 )
-        if not await self._proposals.claim(proposal_id, operator.name, timestamp()):
-            raise self._not_pending(await self._current(proposal_id))
-        self._record(operator, proposal, "approved")
-        await self._audit.flush()  # the decision is on record before anything runs
+        if not await self._proposals.claim(proposal_id, operator.recorded_as, clock.timestamp(),
+                                           self._entry(operator, proposal, "approved")):
+            raise self._not_pending(await self.checked(proposal_id))
         return await self._execute(proposal_id, operator)
 
     async def reject(self, proposal_id: int, operator: Operator, reason: str) -> Proposal:
         if not reason.strip():
-            raise ConfigError("A rejection needs a reason (--reason TEXT): the agent learns from it.")
-        proposal = await self._current(proposal_id)
-        if not await self._proposals.reject(proposal_id, operator.name, reason.strip(), timestamp()):
-            raise self._not_pending(await self._current(proposal_id))
-        self._record(operator, proposal, "rejected", reason=reason.strip())
-        await self._audit.flush()
-        return await self._current(proposal_id)
+            raise UsageError("A rejection needs a reason (--reason TEXT): the agent learns from it.")
+        proposal = await self.checked(proposal_id)
+        if not await self._proposals.reject(proposal_id, operator.recorded_as, reason.strip(), clock.timestamp(),
+                                            self._entry(operator, proposal, "rejected", reason=reason.strip())):
+            raise self._not_pending(await self.checked(proposal_id))
+        return await self.checked(proposal_id)
 
     async def settle(self, proposal_id: int, operator: Operator, *, succeeded: bool, note: str,
                      force: bool = False) -> Proposal:
         """Record the outcome of an execution whose approver stopped ("outcome unknown")."""
         if not note.strip():
-            raise ConfigError("Settling needs --reason: say what you checked.")
-        proposal = await self._current(proposal_id)
+            raise UsageError("Settling needs --reason: say what you checked.")
+        proposal = await self.checked(proposal_id)
         if proposal.status != "executing":
             raise DecisionError(
                 f"Proposal #{proposal_id} is {proposal.shown_status}; only an execution whose outcome is unknown "
                 "can be settled."
             )
-        started = datetime.fromisoformat((proposal.started_at or proposal.created_at).replace("Z", "+00:00"))
-        if not force and datetime.now(UTC) - started < SETTLE_AFTER:
+        started = clock.parse(proposal.started_at or proposal.created_at)
+        if not force and clock.now() - started < SETTLE_AFTER:
             raise DecisionError(
                 f"Proposal #{proposal_id} started executing at {proposal.started_at}; its approver may still be "
                 "running. Check the effect, then settle it with --force (or wait)."
             )
-        settled = {"settled_by": operator.name, "note": note.strip()}
+        settled = {"settled_by": operator.recorded_as, "note": note.strip()}
+        entry = self._entry(operator, proposal, "settled", settled_as="succeeded" if succeeded else "failed",
+                            note=note.strip())
         if not await self._proposals.finish(
-            proposal_id, succeeded=succeeded, now=timestamp(),
+            proposal_id, succeeded=succeeded, now=clock.timestamp(), audit=entry,
             result_json=json.dumps(settled, ensure_ascii=False) if succeeded else None,
-            error=None if succeeded else f"Settled as failed by {operator.name}: {note.strip()}",
+            error=None if succeeded else f"Settled as failed by {operator.recorded_as}: {note.strip()}",
         ):
-            raise self._not_pending(await self._current(proposal_id))
-        self._record(operator, proposal, "settled", settled_as="succeeded" if succeeded else "failed",
-                     note=note.strip())
-        await self._audit.flush()
-        return await self._current(proposal_id)
+            raise self._not_pending(await self.checked(proposal_id))
+        return await self.checked(proposal_id)
+
+    async def expire_due(self) -> list[Proposal]:
+        """Write `expired` (audited) on every pending proposal whose time has passed."""
+        system = Operator("mcp-knecht", client="expiry", verified=True)
+        return await self._proposals.expire_overdue(
+            clock.timestamp(), lambda p: self._entry(system, p, "expired", expires_at=p.expires_at))
+
+    # --- execution -----------------------------------------------------------------------------------
 
     async def _execute(self, proposal_id: int, operator: Operator) -> Proposal:
-        if not await self._proposals.start_execution(proposal_id, timestamp()):
-            raise self._not_pending(await self._current(proposal_id))
-        proposal = await self._current(proposal_id)
-        succeeded, result_json, error = await self._run(proposal)
+        if not await self._proposals.start_execution(proposal_id, clock.timestamp()):
+            raise self._not_pending(await self.checked(proposal_id))
+        succeeded: bool
+        result_json: str | None
+        error: str | None
+        try:
+            proposal = await self.checked(proposal_id)  # the row may have been rewritten since the claim
+        except TamperedError as exc:
+            succeeded, result_json, error = False, None, exc.message
+            proposal = await self._proposals.get(proposal_id)  # type: ignore[assignment]
+        else:
+            succeeded, result_json, error = await self._run(proposal)
+        outcome: Outcome = "executed" if succeeded else "execution_failed"
         await self._proposals.finish(
-            proposal_id, succeeded=succeeded, result_json=result_json, error=error, now=timestamp()
+            proposal_id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
+            audit=self._entry(operator, proposal, outcome, **({"error": error} if error else {})),
         )
-        self._record(operator, proposal, "executed" if succeeded else "execution_failed",
-                     **({"error": error} if error else {}))
-        await self._audit.flush()
-        return await self._current(proposal_id)
+        return await self.checked(proposal_id)
 
     async def _run(self, proposal: Proposal) -> tuple[bool, str | None, str | None]:
-        if sha256_hex(proposal.arguments_json) != proposal.arguments_hash:
-            return False, None, "The stored arguments do not match their hash; refusing to run a changed call."
         tool = self._gate.registry.get(proposal.tool)
         if tool is None:
             return False, None, f"Tool {proposal.tool} is no longer served by this installation."
@@ -159,6 +211,6 @@ class ApprovalService:
             arguments = validate_arguments(tool.name, tool.input_model, proposal.arguments)
         except InvalidArgumentsError as exc:
             return False, None, exc.message
-        result = await self._gate.execute(proposal.proposer, tool, arguments, source="approval")
+        result = await self._gate.execute(proposal.proposer, tool, arguments, source=APPROVAL)
         result_json = json.dumps(result.data, ensure_ascii=False) if result.data is not None else None
         return (not result.is_error), result_json, (result.text if result.is_error else None)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
+
+from mcp_knecht.core.clock import timestamp
 
 Outcome = Literal[
     "ran", "failed", "invalid", "denied", "staged", "forbidden",
-    "approved", "rejected", "executed", "execution_failed", "settled",
+    "approved", "rejected", "executed", "execution_failed", "settled", "expired", "tampered",
 ]
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +26,16 @@ class AuditEntry:
     arguments_hash: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     duration_ms: float | None = None
-    at: str = field(default_factory=utc_now)
+    at: str = field(default_factory=timestamp)
 
 
 class AuditSink(Protocol):
     def record(self, entry: AuditEntry) -> None:
         """Accept an entry without blocking the caller; durability is the sink's job."""
+        ...
+
+    def accepting(self) -> bool:
+        """False while the sink cannot keep up (a busy store): new work should wait."""
         ...
 
 

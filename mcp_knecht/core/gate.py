@@ -4,8 +4,9 @@
       1. look up      unknown, or outside the actor's scopes → the same "unknown tool"
       2. validate     against the input model → an error naming each bad field; nothing runs
       3. decide       policy for Tool.Action → Tool → default
-      4. act          deny → refused; approve → staged as a proposal; auto → run
-      5. audit        every outcome, with the rule that decided it
+      4. freeze       fill in what the call depends on (a commit SHA, a base version, a role)
+      5. act          deny → refused; approve → staged as a proposal; auto → run
+      6. audit        every outcome, with the rule that decided it
 
 MCP calls, execution of approved proposals and in-server features all come through here.
 """
@@ -27,12 +28,14 @@ from mcp_knecht.core.audit import AuditEntry, AuditSink, Outcome
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.core.policy import Decision, Policy
 from mcp_knecht.core.registry import Registry
-from mcp_knecht.core.tools import Tool, ToolContext
+from mcp_knecht.core.tools import MCP, Source, Tool, ToolContext
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
+    ConflictError,
     InvalidArgumentsError,
     MissingScopeError,
     PolicyDeniedError,
+    StoreBusyError,
     ToolError,
     UnknownToolError,
 )
@@ -62,11 +65,13 @@ class FrozenCall:
     arguments_json: str
     arguments_hash: str
     decision: Decision
+    source: Source = MCP
 
 
 class Stager(Protocol):
-    async def stage(self, call: FrozenCall, actor: Actor) -> dict[str, Any]:
-        """Persist `call` as a pending proposal; return at least `{"id": …, "status": "pending"}`."""
+    async def stage(self, call: FrozenCall, actor: Actor, staged: AuditEntry) -> dict[str, Any]:
+        """Persist `call` as a pending proposal together with its `staged` audit row (one
+        transaction); return at least `{"id": …, "status": "pending", "created": bool}`."""
         ...
 
 
@@ -100,12 +105,16 @@ class Gate:
         policy: Callable[[], Policy] = Policy,
         stager: Stager | None = None,
         scrub: Scrubber = _no_scrub,
+        hash_arguments: Callable[[str], str] = sha256_hex,
     ) -> None:
+        """`hash_arguments`: what identifies a call's canonical arguments to operators; the app
+        passes a server-keyed MAC, so that nobody can test guesses of a staged value offline."""
         self.registry = registry
         self._audit = audit
         self._policy = policy
         self._stager = stager
         self._scrub = scrub
+        self.hash_arguments = hash_arguments
 
     def visible_tools(self, actor: Actor) -> list[Tool]:
         policy = self._policy()
@@ -115,9 +124,13 @@ class Gate:
         return self._policy()
 
     async def call_tool(
-        self, actor: Actor, name: str, arguments: object, *, source: str = "mcp"
+        self, actor: Actor, name: str, arguments: object, *, source: Source = MCP
     ) -> GateResult:
         started = time.perf_counter()
+        if not self._audit.accepting():
+            busy = StoreBusyError("The store is busy and the audit log is waiting to write; nothing ran. "
+                                  "Retry in a few seconds.")
+            return self._finish(actor, source, started, _error("failed", busy), str(name)[:_MAX_AUDITED_NAME])
         tool = self._look_up(actor, name)
         if tool is None:
             return self._finish(actor, source, started, self._forbidden(name), name, arguments=arguments)
@@ -133,14 +146,23 @@ class Gate:
         if decision.mode == "deny":
             denied = PolicyDeniedError(f"{tool.name}{'.' + action if action else ''} is denied by policy.")
             return self._finish(actor, source, started, _error("denied", denied), name, action, decision)
+        frozen = await self._freeze(actor, tool, validated, source)
+        if isinstance(frozen, GateResult):
+            return self._finish(actor, source, started, frozen, name, action, decision)
         if decision.mode == "approve":
-            result, call = await self._stage(actor, tool, action, validated, decision)
+            result, call, recorded = await self._stage(actor, tool, action, frozen, decision, source, started)
+            if recorded:
+                return result
             return self._finish(actor, source, started, result, name, action, decision, call=call)
-        result = await self.execute(actor, tool, validated, source=source)
-        return self._finish(actor, source, started, result, name, action, decision, validated=validated)
+        result = await self.execute(actor, tool, frozen, source=source)
+        return self._finish(actor, source, started, result, name, action, decision, validated=frozen)
 
-    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: str) -> GateResult:
-        """Run a validated call. Shared by the gate and the executor of approved proposals."""
+    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source) -> GateResult:
+        """Run a validated, frozen call. Shared by the gate and the executor of approved proposals."""
+        if source.executes_proposal and (missing := tool.unfrozen(arguments)):
+            return self._tool_error("failed", ConflictError(
+                f"This proposal carries no {', '.join(missing)}: it was staged without being frozen, so what "
+                "would run is not what was approved. Propose it again."))
         try:
             raw = await tool.handler(arguments, ToolContext(actor=actor, source=source))
         except ToolError as exc:
@@ -158,32 +180,44 @@ class Gate:
     def _forbidden(self, name: str) -> GateResult:
         return _error("forbidden", UnknownToolError(str(name)[:_MAX_AUDITED_NAME]))
 
+    async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
+        """The arguments with everything decided now filled in (`Tool.freeze`), validated again."""
+        if tool.freeze is None:
+            return validated
+        try:
+            frozen = await tool.freeze(validated, ToolContext(actor=actor, source=source))
+            return validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
+        except ToolError as exc:
+            return self._tool_error("failed", exc)
+        except Exception:
+            return _internal_error(tool.name, "preparing")
+
     async def _stage(
-        self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision
-    ) -> tuple[GateResult, FrozenCall | None]:
+        self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision,
+        source: Source, started: float,
+    ) -> tuple[GateResult, FrozenCall | None, bool]:
+        """Stage the call; True when its audit row was written with the proposal."""
         if self._stager is None:
             refused = PolicyDeniedError(
                 f"{tool.name} needs approval, but this server has no proposal store configured."
             )
-            return _error("denied", refused), None
-        try:
-            if tool.freeze is not None:
-                frozen = await tool.freeze(validated, ToolContext(actor=actor, source="mcp"))
-                validated = validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
-        except ToolError as exc:
-            return self._tool_error("failed", exc), None
-        except Exception:
-            return _internal_error(tool.name, "preparing the proposal for"), None
+            return _error("denied", refused), None, False
         arguments_json = canonical_json(validated.model_dump(mode="json"))
-        call = FrozenCall(tool, action, validated, arguments_json, sha256_hex(arguments_json), decision)
+        arguments_hash = self.hash_arguments(arguments_json)
+        call = FrozenCall(tool, action, validated, arguments_json, arguments_hash, decision, source)
+        staged = self._entry(actor, source, started, "staged", tool.name, action, decision, arguments_hash, {})
         try:
-            proposal = await self._stager.stage(call, actor)
+            proposal = await self._stager.stage(call, actor, staged)
         except ToolError as exc:
-            return self._tool_error("failed", exc), call
+            return self._tool_error("failed", exc), call, False
         except Exception:
-            return _internal_error(tool.name, "staging"), call
-        text = f"Submitted for approval (#{proposal['id']})."
-        return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call
+            return _internal_error(tool.name, "staging"), call, False
+        if proposal.pop("created", True):
+            text = f"Submitted for approval (#{proposal['id']})."
+        else:
+            text = (f"Already pending approval (#{proposal['id']}): you proposed exactly this call before and it "
+                    "still waits for a decision; nothing new was staged.")
+        return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call, True
 
     def _tool_error(self, outcome: Outcome, exc: ToolError) -> GateResult:
         """A tool's own error, scrubbed like any output: its message may quote stored data."""
@@ -209,7 +243,7 @@ class Gate:
     def _finish(
         self,
         actor: Actor,
-        source: str,
+        source: Source,
         started: float,
         result: GateResult,
         name: str,
@@ -225,26 +259,28 @@ class Gate:
             detail["error"] = result.error_code
         if arguments is not None:
             detail["arguments"] = self._scrub(_bounded_repr(arguments))
-        proposal_id = result.data.get("id") if result.outcome == "staged" and result.data else None
         arguments_hash = call.arguments_hash if call else None
         if validated is not None and arguments_hash is None and result.outcome in ("ran", "failed"):
-            arguments_hash = sha256_hex(canonical_json(validated.model_dump(mode="json")))
-        self._audit.record(
-            AuditEntry(
-                source=source,
-                subject=actor.subject,
-                client=actor.client,
-                tool=str(name)[:_MAX_AUDITED_NAME],
-                action=action,
-                outcome=result.outcome,
-                rule=decision.rule if decision else None,
-                proposal_id=proposal_id if isinstance(proposal_id, int) else None,
-                arguments_hash=arguments_hash,
-                detail=detail,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
-            )
-        )
+            arguments_hash = self.hash_arguments(canonical_json(validated.model_dump(mode="json")))
+        self._audit.record(self._entry(actor, source, started, result.outcome, name, action, decision,
+                                       arguments_hash, detail))
         return result
+
+    @staticmethod
+    def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: str, action: str | None,
+               decision: Decision | None, arguments_hash: str | None, detail: dict[str, Any]) -> AuditEntry:
+        return AuditEntry(
+            source=str(source),
+            subject=actor.subject,
+            client=actor.client,
+            tool=str(name)[:_MAX_AUDITED_NAME],
+            action=action,
+            outcome=outcome,
+            rule=decision.rule if decision else None,
+            arguments_hash=arguments_hash,
+            detail=detail,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
 
 
 def _bounded_repr(arguments: object) -> str:

@@ -9,7 +9,9 @@
 
 Parsing fails closed: a syntax error, an unknown tool or action, or an unknown value is a
 `ConfigError` naming the file, the key and the problem. At start that stops the server; on
-reload the last good policy stays in force and the error is logged loudly.
+reload the last good policy stays in force and the error is logged loudly. A file that was there
+and disappears, becomes empty or unreadable is such an error too: deleting the file must not drop
+its deny rules. (To clear every rule on purpose, leave a file holding only a comment.)
 """
 
 from __future__ import annotations
@@ -96,6 +98,17 @@ def _stamp(path: Path) -> _Stamp | None:
     return _Stamp(stat.st_mtime_ns, stat.st_size)
 
 
+def missing_or_empty(path: Path) -> str | None:
+    """Why `path` holds no policy (missing, empty), or None when it holds text."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except OSError as exc:
+        return f"{path} cannot be read: {exc.strerror}"
+    return f"{path} is empty" if not text.strip() else None
+
+
 class PolicySource:
     """The policy in force; `watch()` reloads it when the file changes."""
 
@@ -116,6 +129,8 @@ class PolicySource:
             return False
         self._stamp = stamp
         try:
+            if (gone := missing_or_empty(self.path)) is not None:
+                raise ConfigError(f"{gone}; it must hold the policy (a comment-only file clears every rule)")
             self._policy = load_policy(self.path, self._registry)
         except ConfigError as exc:
             self.last_error = exc.message

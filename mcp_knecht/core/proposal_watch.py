@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
 
-import anyio
-
+from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.proposals import OPEN, ProposalRepository
 
 logger = logging.getLogger(__name__)
@@ -27,23 +24,13 @@ class StatusChange:
 Listener = Callable[[StatusChange], Awaitable[None]]
 
 
-class Wakeups(Protocol):
-    async def wait(self, timeout: float) -> bool:
-        """Return early when some proposal may have changed (a push from the store)."""
-        ...
-
-
-WakeupSource = Callable[[], AbstractAsyncContextManager[Wakeups]]
-
-
 class ProposalWatcher:
-    def __init__(self, proposals: ProposalRepository, *, interval: float = 0.5,
-                 wakeups: WakeupSource | None = None) -> None:
-        """`wakeups`: a push channel from the store (LISTEN/NOTIFY); then `interval` is only the
-        longest pause between two looks, not the polling rate."""
+    def __init__(self, proposals: ProposalRepository, changes: ChangeFeed, *, interval: float = 0.5) -> None:
+        """Looks whenever `changes` wakes it (at once on a store that pushes), and at least every
+        `interval` seconds (expiry is a change nobody announces)."""
         self._proposals = proposals
         self._interval = interval
-        self._wakeups = wakeups
+        self._changes = changes
         self._listeners: list[Listener] = []
         self._open: dict[int, str] = {}
         self._newest = 0
@@ -94,14 +81,10 @@ class ProposalWatcher:
     async def run(self) -> None:
         """Poll until cancelled; the first look records what already exists, so only later
         changes are announced."""
-        if self._wakeups is None:
+        async with self._changes.watching("proposals") as wakeups:
             while True:
                 await self._poll_logged()
-                await anyio.sleep(self._interval)
-        async with self._wakeups() as changes:
-            while True:
-                await self._poll_logged()
-                await changes.wait(self._interval)
+                await wakeups.wait(self._interval)
 
     async def _poll_logged(self) -> None:
         try:

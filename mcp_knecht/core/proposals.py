@@ -1,24 +1,38 @@
-"""Proposals: frozen calls, and the repository interface the store implements for them."""
+"""Proposals: frozen calls, and the repository interface the store implements for them.
+
+A proposal's status as every reader sees it is *effective*: a pending proposal whose expiry has
+passed reads as `expired` on every path (get, list, statuses), whether or not a sweep has written
+that yet. The repository (`mcp_knecht.store.proposals`) is the one place rows become proposals.
+"""
 
 from __future__ import annotations
 
+import builtins
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.audit import AuditEntry
+from mcp_knecht.core.canonical import canonical_json
 
 Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"]
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
-DEFAULT_TTL = timedelta(hours=24)
+DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired"})
 
 
-def timestamp(moment: datetime | None = None) -> str:
-    """One fixed ISO format, so that timestamps compare correctly as text on every backend."""
-    return (moment or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
+              subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str, expires_at: str) -> str:
+    """Everything that decides what an approval runs, as one text for the seal's MAC."""
+    return canonical_json([tool, action, arguments_json, arguments_hash, arguments_shown, subject, client,
+                           sorted(scopes), rule, created_at, expires_at])
+
+
+def same_person(one: str, other: str) -> bool:
+    """Subjects compared as people would: case and surrounding or repeated whitespace ignored."""
+    return " ".join(one.split()).casefold() == " ".join(other.split()).casefold()
 
 
 @dataclass(frozen=True)
@@ -44,22 +58,16 @@ class Proposal:
     result: dict[str, Any] | None = None
     error: str | None = None
     arguments_shown: str | None = None
-    """The arguments with secrets masked: what people see. `arguments_json` is what runs."""
+    """The arguments with secrets masked: what people see. `arguments_json` is what runs; the seal
+    covers both."""
+    seal: str | None = None
+    """A server-keyed MAC over `seal_text` (None: staged by release 0.1.0, before seals)."""
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Proposal:
-        return cls(
-            id=row["id"], tool=row["tool"], action=row["action"],
-            arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
-            proposer_subject=row["proposer_subject"], proposer_client=row["proposer_client"],
-            proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
-            preview=json.loads(row["preview_json"]) if row["preview_json"] else None,
-            status=row["status"], created_at=row["created_at"], expires_at=row["expires_at"],
-            decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
-            started_at=row["started_at"], finished_at=row["finished_at"],
-            result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
-            arguments_shown=row.get("arguments_shown"),
-        )
+    def seal_text(self) -> str:
+        return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
+                         arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
+                         subject=self.proposer_subject, client=self.proposer_client, scopes=self.proposer_scopes,
+                         rule=self.rule, created_at=self.created_at, expires_at=self.expires_at)
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -67,7 +75,8 @@ class Proposal:
 
     @property
     def shown_arguments(self) -> dict[str, Any]:
-        return json.loads(self.arguments_shown) if self.arguments_shown else self.arguments  # type: ignore[no-any-return]
+        shown: dict[str, Any] = json.loads(self.arguments_shown) if self.arguments_shown else self.arguments
+        return shown
 
     @property
     def proposer(self) -> Actor:
@@ -81,6 +90,28 @@ class Proposal:
     def shown_status(self) -> str:
         """What an operator should read: a proposal left `executing` by a crash is not "running"."""
         return "executing (outcome unknown if the approver stopped)" if self.status == "executing" else self.status
+
+    def document(self) -> dict[str, Any]:
+        """The proposal as operators see it (the decision API, `knecht-approve --json`)."""
+        return {**self.public(), "proposer": {"subject": self.proposer_subject, "client": self.proposer_client,
+                                             "scopes": list(self.proposer_scopes)},
+                "rule": self.rule, "preview": self.preview, "started_at": self.started_at}
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> Proposal:
+        """A proposal as the decision API described it (for `knecht-approve --server`): the masked
+        arguments stand in for the exact ones, which never leave the server."""
+        shown = canonical_json(document["arguments"])
+        proposer = document["proposer"]
+        return cls(
+            id=document["id"], tool=document["tool"], action=document["action"], arguments_json=shown,
+            arguments_hash=document["arguments_hash"], proposer_subject=proposer["subject"],
+            proposer_client=proposer["client"], proposer_scopes=tuple(proposer["scopes"]), rule=document["rule"],
+            preview=document["preview"], status=document["status"], created_at=document["created_at"],
+            expires_at=document["expires_at"], decided_by=document["decided_by"], decided_at=document["decided_at"],
+            reason=document["reason"], started_at=document["started_at"], finished_at=document["finished_at"],
+            result=document["result"], error=document["error"], arguments_shown=shown,
+        )
 
     def public(self) -> dict[str, Any]:
         """The proposal as the proposer's agent sees it."""
@@ -105,27 +136,53 @@ class NewProposal:
     preview: dict[str, Any] | None
     created_at: str
     expires_at: str
+    seal: str
+
+    def seal_text(self) -> str:
+        return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
+                         arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
+                         subject=self.proposer.subject, client=self.proposer.client,
+                         scopes=sorted(self.proposer.scopes), rule=self.rule, created_at=self.created_at,
+                         expires_at=self.expires_at)
 
 
 class ProposalRepository(Protocol):
-    """Persistence of proposals. Every transition is one conditional, atomic update."""
+    """Persistence of proposals. Every transition is one conditional, atomic update, committed
+    durably together with the audit row that records it; every read shows the effective status
+    (an overdue pending proposal reads as `expired`)."""
 
-    async def create(self, proposal: NewProposal) -> int: ...
+    async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
+        """Store a pending proposal and its `staged` audit row; `(id, False)` when an identical call
+        of the same proposer is pending already (its id; the row records that instead)."""
+        ...
     async def get(self, proposal_id: int) -> Proposal | None: ...
-    async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]: ...
-    async def expire_overdue(self, now: str) -> int: ...
-    async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
+    async def list(self, *, status: str | None = None, subject: str | None = None, limit: int = 100,
+                   after_id: int = 0, before_id: int | None = None,
+                   oldest_first: bool = False) -> builtins.list[Proposal]:
+        """Newest first (or oldest first), by effective status and proposer; `after_id` and
+        `before_id` page by id."""
+        ...
+    async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
+        """Write `expired` (and its audit row) on every overdue pending proposal; return those."""
+        ...
+    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
         """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
         ...
-    async def reject(self, proposal_id: int, operator: str, reason: str, now: str) -> bool: ...
+    async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def start_execution(self, proposal_id: int, now: str) -> bool:
         """approved → executing."""
         ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str) -> bool:
+                     error: str | None, now: str, audit: AuditEntry) -> bool:
         """executing → succeeded | failed."""
         ...
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """`id → (status, proposer subject)` for the ids that exist."""
+        ...
+    async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
+        """The proposer's decided proposals it has not seen yet (oldest first), now marked seen: each
+        is returned once, also when two sessions ask at once."""
+        ...
+    async def mark_seen(self, proposal_id: int) -> None:
+        """The proposer has seen this proposal's outcome (e.g. through get_proposal)."""
         ...

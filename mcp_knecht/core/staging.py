@@ -1,15 +1,19 @@
-"""Staging: a call the policy sends for approval becomes a frozen, pending proposal."""
+"""Staging: a call the policy sends for approval becomes a frozen, sealed, pending proposal."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.gate import FrozenCall
-from mcp_knecht.core.proposals import DEFAULT_TTL, NewProposal, ProposalRepository, timestamp
+from mcp_knecht.core.keys import ServerKeys
+from mcp_knecht.core.proposals import NewProposal, ProposalRepository
+from mcp_knecht.core.settings import DEFAULT_PROPOSAL_TTL
 from mcp_knecht.core.tools import ToolContext
 
 
@@ -17,43 +21,47 @@ class ProposalStager:
     def __init__(
         self,
         proposals: ProposalRepository,
+        keys: ServerKeys,
         *,
-        ttl: timedelta = DEFAULT_TTL,
+        ttl: timedelta = DEFAULT_PROPOSAL_TTL,
         scrub: Callable[[str], str] = lambda text: text,
     ) -> None:
         self._proposals = proposals
+        self._keys = keys
         self._ttl = ttl
         self._scrub = scrub
 
     async def _preview(self, call: FrozenCall, actor: Actor) -> dict[str, Any] | None:
         if call.tool.preview is None:
             return None
-        preview = await call.tool.preview(call.arguments, ToolContext(actor=actor, source="mcp"))
+        preview = await call.tool.preview(call.arguments, ToolContext(actor=actor, source=call.source))
         if preview is None:
             return None
         return json.loads(self._scrub(json.dumps(preview, ensure_ascii=False, default=str)))  # type: ignore[no-any-return]
 
-    async def stage(self, call: FrozenCall, actor: Actor) -> dict[str, Any]:
+    async def stage(self, call: FrozenCall, actor: Actor, staged: AuditEntry) -> dict[str, Any]:
         preview = await self._preview(call, actor)
-        now = datetime.now(UTC)
-        expires = timestamp(now + self._ttl)
-        proposal_id = await self._proposals.create(
-            NewProposal(
-                tool=call.tool.name,
-                action=call.action,
-                arguments_json=call.arguments_json,
-                arguments_hash=call.arguments_hash,
-                arguments_shown=self._scrub(call.arguments_json),
-                proposer=actor,
-                rule=call.decision.rule,
-                preview=preview,
-                created_at=timestamp(now),
-                expires_at=expires,
-            )
+        now = clock.now()
+        expires = clock.timestamp(now + self._ttl)
+        unsealed = NewProposal(
+            tool=call.tool.name,
+            action=call.action,
+            arguments_json=call.arguments_json,
+            arguments_hash=call.arguments_hash,
+            arguments_shown=self._scrub(call.arguments_json),
+            proposer=actor,
+            rule=call.decision.rule,
+            preview=preview,
+            created_at=clock.timestamp(now),
+            expires_at=expires,
+            seal="",
         )
+        sealed = NewProposal(**{**unsealed.__dict__, "seal": self._keys.mac("seal", unsealed.seal_text())})
+        proposal_id, created = await self._proposals.create(sealed, staged)
         return {
             "id": proposal_id,
             "status": "pending",
+            "created": created,
             "tool": call.tool.name,
             "action": call.action,
             "arguments_hash": call.arguments_hash,

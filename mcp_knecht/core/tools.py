@@ -1,6 +1,7 @@
 """Tool definitions: what a model may call, what it needs, and what it does to the world.
 
-A toolset builds `Tool` values and registers them; the gate is the only caller of `handler`.
+A toolset builds `Tool` values and registers them; the gate is the only caller of `handler`,
+`freeze` and `preview`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,42 @@ class ToolInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+SourceKind = Literal["mcp", "approval", "feature", "chat"]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a call comes from: stamped by the system, never by the caller; the audit log shows it
+    as `mcp`, `approval`, `chat` or `feature:<id>`."""
+
+    kind: SourceKind
+    name: str | None = None
+    """The feature's id, for kind `feature`."""
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+    @property
+    def executes_proposal(self) -> bool:
+        """True when an operator approved this exact, frozen call."""
+        return self.kind == "approval"
+
+
+MCP = Source("mcp")
+APPROVAL = Source("approval")
+CHAT = Source("chat")
+
+
+def feature_source(feature_id: str) -> Source:
+    return Source("feature", feature_id)
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a handler knows about the call besides its arguments."""
 
     actor: Actor
-    source: str  # "mcp", "approval", … — stamped by the system, never by the caller
+    source: Source
 
 
 Handler = Callable[[Any, ToolContext], Awaitable[Any]]
@@ -36,15 +67,16 @@ Handler = Callable[[Any, ToolContext], Awaitable[Any]]
 
 Freezer = Callable[[Any, ToolContext], Awaitable[BaseModel]]
 """`async (validated_input, context) -> input with everything decided at proposal time filled in`
-(a branch resolved to a commit SHA, the base version of a definition). Applied before a call is
-frozen, so the operator approves — and the hash covers — what will actually run."""
+(a branch resolved to a commit SHA, the base version of a definition). The gate applies it before
+a call is staged — so the operator approves, and the hash covers, what will actually run — and
+before a call runs at once (policy `auto`), so a handler always gets frozen arguments."""
 
 Previewer = Callable[[Any, ToolContext], Awaitable[dict[str, Any] | None]]
 """`async (validated_input, context) -> current state of what the call would change`, as the
 proposer may read it; frozen into the proposal so the operator sees what they approve."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tool:
     name: str
     description: str
@@ -62,8 +94,15 @@ class Tool:
     idempotent: bool = False
     preview: Previewer | None = None
     freeze: Freezer | None = None
+    frozen_fields: tuple[str, ...] = ()
+    """The arguments `freeze` always fills in. An approved proposal whose arguments lack one was
+    never frozen, and is refused rather than run."""
 
     def __post_init__(self) -> None:
+        if self.frozen_fields and self.freeze is None:
+            raise TypeError(f"Tool {self.name} names frozen fields but has no freeze step")
+        if unknown := sorted(set(self.frozen_fields) - set(self.input_model.model_fields)):
+            raise TypeError(f"Tool {self.name} freezes {unknown[0]!r}, which its input does not have")
         if self.action_effects is not None and "action" not in self.input_model.model_fields:
             raise TypeError(f"Tool {self.name} declares action effects but its input has no 'action' field")
         if self.action_scopes and not set(self.action_scopes) <= set(self.actions):
@@ -96,6 +135,10 @@ class Tool:
     @cached_property
     def output_schema(self) -> dict[str, Any] | None:
         return self.output_model.model_json_schema() if self.output_model else None
+
+    def unfrozen(self, arguments: BaseModel) -> list[str]:
+        """The frozen fields that `arguments` leave empty (none, after `freeze`)."""
+        return [name for name in self.frozen_fields if getattr(arguments, name) is None]
 
     def annotations(self) -> dict[str, bool | str]:
         """MCP tool annotations, derived from the effects so they cannot drift from behaviour."""

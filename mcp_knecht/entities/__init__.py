@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from mcp_knecht.core.toolset import Toolset, ToolsetContext
+from mcp_knecht.core.toolset import Database, Toolset, ToolsetContext
 from mcp_knecht.entities.declaration import ENTITIES_FILE, Declaration, EntitySpec, load_declaration
 from mcp_knecht.entities.fingerprint import load_key
 from mcp_knecht.entities.schema import check, introspect
 from mcp_knecht.entities.tools import EntityTools
 from mcp_knecht.errors import ConfigError, StoreError
-from mcp_knecht.store import Database, open_database
+from mcp_knecht.store import open_database
 
 
 class _Databases:
@@ -50,8 +50,8 @@ async def toolset(context: ToolsetContext) -> Toolset:
     declaration = load_declaration(context.config_dir, context.env)
     if declaration is None:
         raise ConfigError(f"The entities toolset is enabled, but {context.config_dir / ENTITIES_FILE} is missing.")
-    key = load_key(context.env)
-    databases = _Databases(context.db)
+    key = load_key(context.settings)
+    databases = _Databases(context.store)
     tools = []
     try:
         for entity in declaration.entities.values():
@@ -65,8 +65,18 @@ async def toolset(context: ToolsetContext) -> Toolset:
         await databases.close()
         raise
     passwords = {urlsplit(e.database_url).password for e in declaration.entities.values()}
-    context.secrets.add(p for p in passwords if p)
-    return Toolset(name="entities", tools=tools, close=databases.close)
+    context.scrubber.add(p for p in passwords if p)
+    return Toolset(name="entities", tools=tools, close=databases.close, instructions=_instructions(declaration))
+
+
+def _instructions(declaration: Declaration) -> str:
+    names = ", ".join(sorted(declaration.entities)) or "none"
+    return (
+        f"The query_<entity> tools read records of an application's database (entities: {names}); you see "
+        "only the fields your role may read, and filters match exactly. create_/update_/delete_<entity> never "
+        "write by themselves: they submit a proposal that a human approves or rejects. Never invent field "
+        "names or record ids: read them first."
+    )
 
 
 __all__ = ["toolset"]

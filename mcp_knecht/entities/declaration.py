@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mcp_knecht.core.database_url import dialect_of, normalise, sqlite_path
 from mcp_knecht.errors import ConfigError
-from mcp_knecht.store.url import dialect_of, normalise, sqlite_path
 
 ENTITIES_FILE = "entities.toml"
 DEFAULT_ROLE_CLAIM = "knecht_role"

@@ -16,22 +16,21 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mcp_knecht.config import default_data_dir
 from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
+from mcp_knecht.core.settings import ENTITIES_KEY, Settings
 from mcp_knecht.entities.sql import json_value
 from mcp_knecht.errors import ConfigError
 
-KEY_ENV = "KNECHT_ENTITIES_KEY"
 KEY_FILENAME = "entities-key"
 MIN_KEY_BYTES = 32
 
 
-def load_key(env: Mapping[str, str]) -> bytes:
-    if explicit := env.get(KEY_ENV):
+def load_key(settings: Settings) -> bytes:
+    if explicit := settings.entities_key:
         if len(explicit.encode()) < MIN_KEY_BYTES:
-            raise ConfigError(f"{KEY_ENV} must be at least {MIN_KEY_BYTES} bytes long.")
+            raise ConfigError(f"{ENTITIES_KEY.name} must be at least {MIN_KEY_BYTES} bytes long.")
         return explicit.encode()
-    path = default_data_dir(env) / KEY_FILENAME
+    path = settings.data_dir / KEY_FILENAME
     if not path.exists():
         create_secret_file(path)
     return read_secret_file(path, what="entities key", min_bytes=MIN_KEY_BYTES).encode()

@@ -23,8 +23,8 @@ MAX_TEXT = 10_000
 
 Value = Annotated[str, Field(max_length=MAX_TEXT)] | int | float | bool | None
 
-_AS_ROLE = (SkipJsonSchema[str | None], Field(default=None, max_length=200))
-_ROW_VERSION = (SkipJsonSchema[str | None], Field(default=None, pattern="^[0-9a-f]{64}$"))
+_AS_ROLE = (SkipJsonSchema[str | None], Field(default=None, max_length=200))  # type: ignore[misc]
+_ROW_VERSION = (SkipJsonSchema[str | None], Field(default=None, pattern="^[0-9a-f]{64}$"))  # type: ignore[misc]
 
 
 def _names(fields: tuple[str, ...]) -> Any:
@@ -64,7 +64,7 @@ def query_model(entity: EntitySpec) -> type[BaseModel]:
 def create_model_for(entity: EntitySpec) -> type[BaseModel]:
     return _model(
         f"Create{_title(entity)}Input",
-        fields=(dict[_names(entity.persist), Value], Field(  # type: ignore[valid-type]
+        fields=(dict[_names(entity.persist), Value], Field(  # type: ignore[misc]
             min_length=1, description="Values of the new record, by field name.")),
         as_role=_AS_ROLE,
     )
@@ -74,7 +74,7 @@ def update_model(entity: EntitySpec, table: Table) -> type[BaseModel]:
     return _model(
         f"Update{_title(entity)}Input",
         id=_key(entity, table),
-        fields=(dict[_names(entity.persist), Value], Field(  # type: ignore[valid-type]
+        fields=(dict[_names(entity.persist), Value], Field(  # type: ignore[misc]
             min_length=1, description="New values, by field name; fields not named stay as they are.")),
         as_role=_AS_ROLE,
         row_version=_ROW_VERSION,

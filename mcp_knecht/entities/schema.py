@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.entities.declaration import EntitySpec
-from mcp_knecht.entities.sql import quote
 from mcp_knecht.errors import ConfigError
-from mcp_knecht.store import Database
+
+
+def quote(identifier: str) -> str:
+    """A quoted SQL identifier (the same syntax on SQLite and PostgreSQL)."""
+    return '"' + identifier.replace('"', '""') + '"'
 
 Kind = Literal["integer", "number", "boolean", "text", "other", "any"]
 """What a value must be before it is bound: `other` (dates, uuids, enums, JSON on PostgreSQL) is

@@ -16,16 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mcp_knecht.entities.schema import Table, quote
+
 if TYPE_CHECKING:
     from mcp_knecht.entities.declaration import EntitySpec
-    from mcp_knecht.entities.schema import Table
 
 Scalar = str | int | float | bool | None
-
-
-def quote(identifier: str) -> str:
-    """A quoted SQL identifier (the same syntax on SQLite and PostgreSQL)."""
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 def json_value(value: Any) -> Any:

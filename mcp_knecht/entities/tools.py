@@ -6,8 +6,9 @@
     handler  at execution: exactly the frozen values, as the frozen role; an update or delete
              refuses if the row's fingerprint changed (no lost update)
 
-At execution after approval the actor carries no token claims, so the role comes from the frozen
-arguments — where `freeze` checked it against the proposer's token.
+The gate freezes every call before it runs or is staged, so handlers and previews always read the
+role from the frozen arguments — where `freeze` checked it against the caller's token. (At execution
+after approval the actor carries no token claims at all.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.core.tools import Tool, ToolContext
 from mcp_knecht.entities import models
 from mcp_knecht.entities.declaration import Declaration, EntitySpec
@@ -32,7 +34,6 @@ from mcp_knecht.errors import (
     PolicyDeniedError,
     StoreError,
 )
-from mcp_knecht.store import Database
 
 _EXPECTED = {"integer": "an integer", "number": "a number", "boolean": "true or false", "text": "a string",
              "other": "a string"}
@@ -65,17 +66,17 @@ class EntityTools:
 
     # --- who, and what they may do --------------------------------------------------------------
 
-    def _access(self, tool: str, args: Any, ctx: ToolContext) -> Access:
-        if ctx.source == "approval":
-            if args.as_role is None:
-                raise ConflictError("This proposal carries no role: it was staged without being frozen. "
-                                    "Propose it again.")
-            return access(self.entity, args.as_role, self.claim)
+    def _access_now(self, tool: str, args: Any, ctx: ToolContext) -> Access:
+        """The caller's access by its token's role (at freeze time); a role in the arguments must match."""
         role = role_of(ctx.actor, self.declaration)
         if args.as_role is not None and args.as_role != role:
             raise InvalidArgumentsError(tool, [{"field": "as_role",
                                                 "problem": "set by the server from your token; leave it out"}])
         return access(self.entity, role, self.claim)
+
+    def _access(self, args: Any) -> Access:
+        """The access of the role frozen into the arguments."""
+        return access(self.entity, args.as_role, self.claim)
 
     def _check_values(self, tool: str, prefix: str, values: Mapping[str, Scalar]) -> None:
         problems = [
@@ -117,7 +118,7 @@ class EntityTools:
 
     async def query(self, args: Any, ctx: ToolContext) -> dict[str, Any]:
         tool = f"query_{self.entity.name}"
-        granted = self._access(tool, args, ctx)
+        granted = self._access(args)
         if not granted.read:
             raise PolicyDeniedError(f"Role {granted.role!r} may read no field of {self.entity.name}.")
         hidden = [name for name in args.filters if name not in granted.read]
@@ -142,7 +143,7 @@ class EntityTools:
 
     async def freeze(self, verb: str, args: Any, ctx: ToolContext) -> BaseModel:
         tool = f"{verb}_{self.entity.name}"
-        granted = self._access(tool, args, ctx)
+        granted = self._access_now(tool, args, ctx)
         update: dict[str, Any] = {"as_role": granted.role}
         if verb in ("create", "update"):
             self._check_writable(tool, granted, args.fields, update=verb == "update")
@@ -153,10 +154,11 @@ class EntityTools:
             if args.row_version is not None and args.row_version != version:
                 raise ConflictError(f"{self.entity.name} {args.id} changed since you read it; read it again.")
             update["row_version"] = version
-        return args.model_copy(update=update)
+        frozen: BaseModel = args.model_copy(update=update)
+        return frozen
 
     async def preview(self, args: Any, ctx: ToolContext) -> dict[str, Any]:
-        granted = access(self.entity, args.as_role or role_of(ctx.actor, self.declaration), self.claim)
+        granted = self._access(args)
         shown: dict[str, Any] = {"entity": self.entity.name}
         if "id" in type(args).model_fields:
             shown["id"] = args.id
@@ -169,18 +171,8 @@ class EntityTools:
 
     # --- execution ---------------------------------------------------------------------------------
 
-    async def _frozen(self, verb: str, args: Any, ctx: ToolContext) -> Any:
-        """Arguments as `freeze` leaves them; a call that runs without staging freezes itself."""
-        if ctx.source == "approval":
-            if args.as_role is None or getattr(args, "row_version", "") is None:
-                raise ConflictError("This proposal was staged without being frozen, so what would run is not "
-                                    "what was approved. Propose it again.")
-            return args
-        return await self.freeze(verb, args, ctx)
-
     async def create(self, args: Any, ctx: ToolContext) -> dict[str, Any]:
-        args = await self._frozen("create", args, ctx)
-        granted = self._access(f"create_{self.entity.name}", args, ctx)
+        granted = self._access(args)
         self._check_writable(f"create_{self.entity.name}", granted, args.fields, update=False)
         sql, params = self.sql.insert(args.fields)
         try:
@@ -192,8 +184,7 @@ class EntityTools:
         return {"entity": self.entity.name, "created": self._visible(granted, row)}
 
     async def _change(self, args: Any, ctx: ToolContext, verb: str) -> tuple[Access, dict[str, Any] | None]:
-        args = await self._frozen(verb, args, ctx)
-        granted = self._access(f"{verb}_{self.entity.name}", args, ctx)
+        granted = self._access(args)
         if verb == "update":
             self._check_writable(f"update_{self.entity.name}", granted, args.fields, update=True)
         elif not granted.delete:
@@ -229,21 +220,23 @@ class EntityTools:
 
     def tools(self) -> list[Tool]:
         e = self.entity
-        made = [Tool(f"query_{e.name}", models.query_description(e), e.read_scope, models.query_model(e),
-                     self.query, title=f"Query {e.name}", freeze=partial(self.freeze, "query"))]
+        made = [Tool(name=f"query_{e.name}", description=models.query_description(e), scope=e.read_scope,
+                     input_model=models.query_model(e), handler=self.query, title=f"Query {e.name}",
+                     freeze=partial(self.freeze, "query"), frozen_fields=("as_role",))]
         if e.persist:
             made += [
-                Tool(f"create_{e.name}", models.create_description(e), e.write_scope, models.create_model_for(e),
-                     self.create, effect="write", title=f"Create a {e.name} record", preview=self.preview,
-                     freeze=partial(self.freeze, "create")),
-                Tool(f"update_{e.name}", models.update_description(e), e.write_scope,
-                     models.update_model(e, self.table), self.update, effect="write",
-                     title=f"Update a {e.name} record", preview=self.preview,
-                             freeze=partial(self.freeze, "update")),
+                Tool(name=f"create_{e.name}", description=models.create_description(e), scope=e.write_scope,
+                     input_model=models.create_model_for(e), handler=self.create, effect="write",
+                     title=f"Create a {e.name} record", preview=self.preview, freeze=partial(self.freeze, "create"),
+                     frozen_fields=("as_role",)),
+                Tool(name=f"update_{e.name}", description=models.update_description(e), scope=e.write_scope,
+                     input_model=models.update_model(e, self.table), handler=self.update, effect="write",
+                     title=f"Update a {e.name} record", preview=self.preview, freeze=partial(self.freeze, "update"),
+                     frozen_fields=("as_role", "row_version")),
             ]
         if any(mask.delete for mask in e.roles.values()):
-            made.append(Tool(f"delete_{e.name}", models.delete_description(e), e.write_scope,
-                             models.delete_model(e, self.table), self.delete, effect="write",
+            made.append(Tool(name=f"delete_{e.name}", description=models.delete_description(e), scope=e.write_scope,
+                             input_model=models.delete_model(e, self.table), handler=self.delete, effect="write",
                              title=f"Delete a {e.name} record", preview=self.preview,
-                             freeze=partial(self.freeze, "delete")))
+                             freeze=partial(self.freeze, "delete"), frozen_fields=("as_role", "row_version")))
         return made

@@ -1,4 +1,5 @@
-"""Reading logs without ever loading one whole: windows by line number, tail, and bounded grep.
+"""Logs: `get_run_log` and `get_action_log`, read without ever loading a log whole: windows by line
+number, tail, and bounded grep.
 
 Logs are stored line by line (`log_lines`, primary key run/action/line), so a window or a tail is
 one range scan of the primary key, whatever the log's size. grep is a literal, case-insensitive
@@ -9,12 +10,115 @@ under a time budget: a search that runs out of budget stops and says where to co
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
+from mcp_knecht.core.database import Database, Row
 from mcp_knecht.core.scrub import Scrubber
+from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.errors import InvalidArgumentsError, NotFoundError
-from mcp_knecht.store.database import Database, Row
+
+# --- Inputs --------------------------------------------------------------------------------------
+
+DEFAULT_LOG_LINES = 200
+MAX_LOG_LINES = 1_000
+MAX_GREP_LENGTH = 200
+
+
+class LogWindow(ToolInput):
+    """Which lines of a log to read: the arguments both log tools share."""
+
+    tail: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LOG_LINES,
+        description=f"Return the last N lines (1 to {MAX_LOG_LINES}). The best first look at a failure: "
+        "errors are usually at the end. Cannot be combined with `offset`.",
+    )
+    offset: int | None = Field(
+        default=None,
+        ge=0,
+        description="Skip this many lines from the start (line 1 is offset 0). Pass the `next_offset` of "
+        "the previous page to continue reading.",
+    )
+    limit: int = Field(
+        default=DEFAULT_LOG_LINES,
+        ge=1,
+        le=MAX_LOG_LINES,
+        description=f"At most this many lines (default {DEFAULT_LOG_LINES}, max {MAX_LOG_LINES}); the output "
+        "is also capped at about 24 KB.",
+    )
+    grep: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_GREP_LENGTH,
+        description="Only lines containing this text (a literal substring, not a regex; ignores ASCII case). "
+        "Combine with `offset` to continue a search; with `tail`, returns the last N matching lines.",
+    )
+
+
+class GetRunLogInput(LogWindow):
+    run_id: int = Field(ge=1, description="The numeric id of the run.")
+
+
+class GetActionLogInput(LogWindow):
+    run_id: int = Field(ge=1, description="The numeric id of the run.")
+    action: int | str = Field(
+        description="The action: its numeric id (`actions[].id` of get_run) or its name within the run "
+        "(e.g. 'test', 'install'). 0 means the run's own log.",
+    )
+
+
+# --- Descriptions --------------------------------------------------------------------------------
+
+_LOG_LIMITS = f"""\
+Output is bounded: at most `limit` lines (default {DEFAULT_LOG_LINES}, max {MAX_LOG_LINES}) and about 24 KB; \
+very long lines are cut. When more remains, `truncated` is true and `next_offset` says where to continue \
+("truncated — next offset N"). `tail`: the last N lines (best first look at a failure). `offset`/`limit`: a \
+window, line 1 is offset 0. `grep`: only lines containing a literal text (case-insensitive, no regex), \
+searched forwards from `offset`, or backwards with `tail`; a search of a huge log stops after a time budget \
+and says which lines it searched. Every line comes with its number `n`. Secrets are masked."""
+
+GET_RUN_LOG = f"""\
+Read the run's own log (the runner's output around the actions: queueing, runner, inputs, each action's \
+start, end and exit code, and how the run ended). Good for the overall story of a run; the details of a \
+failure are in the failed action's log (get_action_log). {_LOG_LIMITS}"""
+
+GET_ACTION_LOG = f"""\
+Read the log of one action of a run, addressed by the action's id or by its name (e.g. 'test', \
+'install'; get_run lists them). To diagnose a failure: tail the failed action's log first; if the cause is \
+not there (e.g. a build warning that led to a later crash), read earlier actions' logs. {_LOG_LIMITS}"""
+
+# --- Tools ---------------------------------------------------------------------------------------
+
+
+class LogTools:
+    """The log tools, bound to one store."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def get_run_log(self, args: GetRunLogInput, ctx: ToolContext) -> dict[str, Any]:
+        await find_action(self.db, args.run_id, RUN_LOG)
+        page = await read_log(self.db, args.run_id, RUN_LOG, args)
+        return {"run_id": args.run_id, **page}
+
+    async def get_action_log(self, args: GetActionLogInput, ctx: ToolContext) -> dict[str, Any]:
+        action = await find_action(self.db, args.run_id, args.action)
+        page = await read_log(self.db, args.run_id, action["id"], args)
+        return {"run_id": args.run_id, "action": action, **page}
+
+    def tools(self) -> list[Tool]:
+        return [
+            Tool(name="get_run_log", description=GET_RUN_LOG, scope="logs:read", input_model=GetRunLogInput,
+                 handler=self.get_run_log, title="Read a run's log"),
+            Tool(name="get_action_log", description=GET_ACTION_LOG, scope="logs:read",
+                 input_model=GetActionLogInput, handler=self.get_action_log, title="Read an action's log"),
+        ]
+
+
+# --- Queries -------------------------------------------------------------------------------------
 
 MAX_OUTPUT_CHARS = 24_000
 """About 6,000 tokens of log text per call: enough to see a failure, small enough for any context."""
@@ -33,14 +137,6 @@ _CONTAINS = {
 _CONTAINS_PORTABLE = "lower(text) LIKE lower(?) ESCAPE '\\'"
 
 _patterns_only = Scrubber()
-
-
-@dataclass(frozen=True)
-class LogWindow:
-    tail: int | None
-    offset: int | None
-    limit: int
-    grep: str | None
 
 
 def _shown(text: str) -> str:

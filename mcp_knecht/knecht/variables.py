@@ -1,15 +1,164 @@
-"""Project variables. A secret variable's value never leaves this module: not in a list, not in a
-get, not in a preview, not in the result of a set. Its values feed the scrubber instead."""
+"""Project variables: the `project_variable` tool (`list` and `get` read, `set` and `delete` are
+staged). A secret variable's value never leaves this module: not in a list, not in a get, not in a
+preview, not in the result of a set. Its values feed the scrubber instead."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from mcp_knecht.errors import ConflictError, NotFoundError
-from mcp_knecht.store.database import Database, Row
+from pydantic import Field
+
+from mcp_knecht.core import clock
+from mcp_knecht.core.database import Database, Row
+from mcp_knecht.core.scrub import SecretRegistry
+from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
+from mcp_knecht.errors import ConflictError, InvalidArgumentsError, NotFoundError
+from mcp_knecht.knecht.refs import find_project
 
 HIDDEN = "(secret: the value is never shown)"
+
+# --- Input ---------------------------------------------------------------------------------------
+
+
+class ProjectVariableInput(ToolInput):
+    action: Literal["list", "get", "set", "delete"] = Field(
+        description="list: names of all variables (values of non-secret ones); get: one variable; "
+        "set: create or change one (staged); delete: remove one (staged)."
+    )
+    project: int | str = Field(description="The project: numeric id or slug.")
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z][A-Z0-9_]{0,63}$",
+        description="The variable name (UPPER_SNAKE_CASE); required for get, set and delete.",
+    )
+    value: str | None = Field(
+        default=None, max_length=4_000, description="For set: the new value (never shown back if secret)."
+    )
+    secret: bool | None = Field(
+        default=None,
+        description="For set: whether the value is secret (never returned by any tool). A new variable "
+        "defaults to not secret; an existing secret cannot be made non-secret.",
+    )
+    previous: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Leave empty: for set and delete, the variable's state when the call is proposed ('absent', "
+        "or when it last changed) is filled in; execution refuses if it changed since.",
+    )
+
+
+# --- Description ---------------------------------------------------------------------------------
+
+PROJECT_VARIABLE = """\
+Project variables (configuration and secrets the workflows use). action 'list': every variable of the \
+project with name, whether it is secret, value (null for secrets), who changed it when; 'get': one \
+variable; 'set': create or change one (needs `name` and `value`; `secret` true for credentials); \
+'delete': remove one. 'set' and 'delete' need scope variables:write and are staged for approval. A \
+secret's value is never returned by any tool, preview or result, not even to whoever set it."""
+
+# --- Tool ----------------------------------------------------------------------------------------
+
+
+class VariableTools:
+    """The `project_variable` tool, bound to one store. `secrets` (if given) learns every secret
+    value before it is written, and is refreshed after every change."""
+
+    def __init__(self, db: Database, secrets: SecretRegistry | None = None) -> None:
+        self.db = db
+        self.secrets = secrets
+
+    async def freeze(self, args: ProjectVariableInput, ctx: ToolContext) -> ProjectVariableInput:
+        if args.action in ("list", "get"):
+            return args  # reads depend on nothing that could change before they run
+        name = _name(args)
+        project = await find_project(self.db, args.project)
+        existing = await get_variable(self.db, project["id"], name)
+        if args.action == "set":
+            value = _value(args)
+            if check_secrecy(existing, args.secret):
+                # From now on the pending proposal itself (get_proposal, previews) masks the value.
+                self._mask(value)
+        elif existing is None:
+            await require_variable(self.db, project["id"], project["slug"], name)
+        state = _state(existing)
+        if args.previous is not None and args.previous != state:
+            raise ConflictError(f"{name} changed since you read it; leave `previous` empty.")
+        return args.model_copy(update={"project": project["slug"], "previous": state})
+
+    async def preview(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
+        project = await find_project(self.db, args.project)
+        existing = await get_variable(self.db, project["id"], _name(args))
+        preview: dict[str, Any] = {"project": project["slug"], "name": args.name, "action": args.action,
+                                   "current": shown(existing) if existing else None}
+        if args.action == "set":
+            secret = check_secrecy(existing, args.secret)
+            preview["new"] = {"secret": secret, "value": HIDDEN if secret else args.value}
+        return preview
+
+    async def project_variable(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
+        project = await find_project(self.db, args.project)
+        if args.action == "list":
+            return {"project": project["slug"], "variables": await list_variables(self.db, project["id"])}
+        name = _name(args)
+        if args.action == "get":
+            row = await require_variable(self.db, project["id"], project["slug"], name)
+            return {"project": project["slug"], "variable": shown(row)}
+        if args.action == "set":
+            value = _value(args)
+            if args.secret is not False:
+                self._mask(value)  # masked before the write can show up anywhere
+            result = await set_variable(self.db, project["id"], name, value, args.secret, ctx.actor.subject,
+                                        previous=args.previous)
+        else:
+            result = await delete_variable(self.db, project["id"], name, previous=args.previous)
+        if self.secrets is not None:
+            self.secrets.update(await secret_values(self.db))
+        return {"project": project["slug"], **result}
+
+    def _mask(self, value: str) -> None:
+        if self.secrets is not None:
+            self.secrets.add([value])
+
+    def tools(self) -> list[Tool]:
+        return [
+            Tool(name="project_variable", description=PROJECT_VARIABLE, scope="variables:read",
+                 input_model=ProjectVariableInput, handler=self.project_variable,
+                 action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
+                 action_scopes={"set": "variables:write", "delete": "variables:write"},
+                 preview=self.preview, freeze=self.freeze, frozen_fields=("previous",), title="Project variables"),
+        ]
+
+
+def _state(row: Row | None) -> str:
+    """What a set or delete was proposed against: 'absent', or when the variable last changed."""
+    return "absent" if row is None else str(row["updated_at"])
+
+
+def _refuse_if_changed(name: str, row: Row | None, previous: str | None) -> None:
+    if previous is not None and _state(row) != previous:
+        raise ConflictError(
+            f"Variable {name} changed since it was proposed (it was {previous}, it is {_state(row)} now); nothing "
+            "was changed. Read it again and propose again.",
+            details={"name": name, "proposed_against": previous, "now": _state(row)})
+
+
+def _name(args: ProjectVariableInput) -> str:
+    if args.name is None:
+        raise _missing("name", f"required for action {args.action!r}")
+    return args.name
+
+
+def _value(args: ProjectVariableInput) -> str:
+    if args.value is None:
+        raise _missing("value", "required for action 'set'")
+    return args.value
+
+
+def _missing(field: str, why: str) -> InvalidArgumentsError:
+    return InvalidArgumentsError("project_variable", [{"field": field, "problem": why}])
+
+
+# --- Queries -------------------------------------------------------------------------------------
 
 
 def shown(row: Row) -> dict[str, Any]:
@@ -65,13 +214,16 @@ def check_secrecy(existing: Row | None, secret: bool | None) -> bool:
 
 
 async def set_variable(
-    db: Database, project_id: int, name: str, value: str, secret: bool | None, actor: str
+    db: Database, project_id: int, name: str, value: str, secret: bool | None, actor: str, *,
+    previous: str | None = None,
 ) -> dict[str, Any]:
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Create or change a variable; with `previous`, only if it is still in that state (no lost update)."""
+    now = clock.timestamp()
     async with db.transaction() as tx:
         existing = await tx.fetch_one(
             "SELECT * FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)
         )
+        _refuse_if_changed(name, existing, previous)
         keep_secret = check_secrecy(existing, secret)
         if existing is None:
             await tx.execute(
@@ -92,8 +244,12 @@ async def set_variable(
     return {"created": existing is None, "variable": shown(row)}
 
 
-async def delete_variable(db: Database, project_id: int, name: str) -> dict[str, Any]:
+async def delete_variable(db: Database, project_id: int, name: str, *, previous: str | None = None) -> dict[str, Any]:
     async with db.transaction() as tx:
+        existing = await tx.fetch_one(
+            "SELECT * FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)
+        )
+        _refuse_if_changed(name, existing, previous)
         deleted = await tx.execute(
             "DELETE FROM project_variables WHERE project_id = ? AND name = ?", (project_id, name)
         )

@@ -2,7 +2,7 @@
 
 Each `send` takes a rendered, scrubbed `Message` and returns when the destination accepted it,
 or raises `DeliveryError` (with a message safe to store: no URL secrets, no query strings).
-Foreign exceptions (httpx2's, apprise's) are translated here, where they enter.
+Foreign exceptions (httpx's, apprise's) are translated here, where they enter.
 
 apprise is synchronous (requests, smtplib): a send runs in a worker thread, bounded by a
 capacity limiter and by the per-attempt timeout, so a dead channel holds a thread for at most
@@ -135,14 +135,14 @@ class WebhookDestination:
         }
 
     async def send(self, message: Message) -> None:
-        import httpx2
+        import httpx
 
         try:
             response = await self._client.post(self._url, content=message.json_body.encode(),
                                                headers=self.headers(message), timeout=self._timeout)
-        except httpx2.TimeoutException:
+        except httpx.TimeoutException:
             raise DeliveryError(f"webhook: no answer from {self._where} within {self._timeout:g}s") from None
-        except httpx2.HTTPError as exc:
+        except httpx.HTTPError as exc:
             raise DeliveryError(f"webhook: {type(exc).__name__} reaching {self._where}") from None
         if 200 <= response.status_code < 300:
             return

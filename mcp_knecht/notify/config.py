@@ -44,14 +44,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from mcp_knecht.errors import ConfigError
+from mcp_knecht.core.settings import WEBHOOK_SECRET, WEBHOOK_URL, Settings
+from mcp_knecht.errors import ConfigError, UsageError
 
 FILE_NAME = "knecht.toml"
 WEBHOOK = "webhook"
 """The destination name of the signed webhook (reserved: no channel may take it)."""
 
-WEBHOOK_URL_ENV = "KNECHT_WEBHOOK_URL"
-WEBHOOK_SECRET_ENV = "KNECHT_WEBHOOK_SECRET"
+WEBHOOK_URL_ENV = WEBHOOK_URL.name
+WEBHOOK_SECRET_ENV = WEBHOOK_SECRET.name
 MIN_WEBHOOK_SECRET_BYTES = 24
 
 _KEYS = {"public_url", "pending", "proposer", "tools", "channels", "delivery"}
@@ -60,24 +61,22 @@ _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_QUERY = re.compile(r"^(?:pass(?:word)?|pwd|secret|\w*token|api_?key|key|auth_?key|\w*_secret)$", re.IGNORECASE)
 
 
-# --- the environment: read here and nowhere else -------------------------------------------------
+# --- what comes from the environment (read by the settings module) -------------------------------
 
 
 @dataclass(frozen=True)
 class NotifyEnvironment:
-    webhook_url: str | None
-    webhook_secret: str | None
-    values: Mapping[str, str]
+    webhook_url: str | None = field(default=None, repr=False)
+    webhook_secret: str | None = field(default=None, repr=False)
+    values: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Every variable, for `${NAME}` in channel URLs."""
 
 
-def notify_environment(env: Mapping[str, str]) -> NotifyEnvironment:
-    """Every environment variable notifications use, in one place (to move into the settings module whole)."""
-    return NotifyEnvironment(
-        webhook_url=(env.get(WEBHOOK_URL_ENV) or "").strip() or None,
-        webhook_secret=(env.get(WEBHOOK_SECRET_ENV) or "").strip() or None,
-        values=env,
-    )
+def notify_environment(settings: Settings) -> NotifyEnvironment:
+    """The settings notifications use: the webhook (`KNECHT_WEBHOOK_URL`, `KNECHT_WEBHOOK_SECRET`)
+    and the environment for the variables channel URLs name."""
+    return NotifyEnvironment(webhook_url=settings.webhook_url, webhook_secret=settings.webhook_secret,
+                             values=settings.env)
 
 
 # --- the configuration ---------------------------------------------------------------------------
@@ -187,11 +186,11 @@ class _Parser:
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise self.fail(key, f"expected a duration such as \"10s\" or a number of seconds, not {value!r}")
         if isinstance(value, str):
-            from mcp_knecht.core.auth.minting import parse_ttl
+            from mcp_knecht.core.durations import parse_duration
 
             try:
-                seconds = parse_ttl(value).total_seconds()
-            except ConfigError as exc:
+                seconds = parse_duration(value, what=key).total_seconds()
+            except UsageError as exc:
                 raise self.fail(key, exc.message) from None
         else:
             seconds = float(value)
@@ -357,17 +356,18 @@ def parse_notify(text: str, path: Path, env: NotifyEnvironment, *, check_channel
     )
 
 
-def load_notify_config(config_dir: Path, env: Mapping[str, str], *, check_channel: ChannelCheck | None = None,
+def load_notify_config(settings: Settings, *, check_channel: ChannelCheck | None = None,
                        check_call: CallCheck | None = None) -> NotifyConfig:
-    """`[notify]` of `<config_dir>/knecht.toml` (none: no channels) and the webhook from `env`."""
-    path = config_dir / FILE_NAME
+    """`[notify]` of `<config dir>/knecht.toml` (none: no channels) and the webhook of `settings`."""
+    path = settings.config_dir / FILE_NAME
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         text = ""
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse_notify(text, path, notify_environment(env), check_channel=check_channel, check_call=check_call)
+    return parse_notify(text, path, notify_environment(settings), check_channel=check_channel,
+                        check_call=check_call)
 
 
 def served_calls(tools: Sequence[Any]) -> CallCheck:

@@ -22,12 +22,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from mcp_knecht.core.proposals import Proposal, timestamp
+from mcp_knecht.core import clock
+from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.database import Database, Row, Transaction
+from mcp_knecht.core.proposals import Proposal
 from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot
-from mcp_knecht.store.database import Database, Row, Transaction
 
 ROUTE_BATCH = 200
 
@@ -52,7 +54,7 @@ async def _bookkeeping(db: Database) -> AsyncIterator[Transaction]:
 
 
 def later(seconds: float, now: datetime | None = None) -> str:
-    return timestamp((now or datetime.now(UTC)) + timedelta(seconds=seconds))
+    return timestamp((now or clock.now()) + timedelta(seconds=seconds))
 
 
 # --- writing: inside the proposal's own transaction ----------------------------------------------
@@ -67,17 +69,14 @@ class OutboxWriter:
     def __init__(self, scrub: Callable[[str], str]) -> None:
         self._scrub = scrub
 
-    async def __call__(self, tx: Transaction, proposal_id: int, status: str) -> None:
-        event = EVENT_FOR_STATUS.get(status)
+    async def __call__(self, tx: Transaction, proposal: Proposal) -> None:
+        event = EVENT_FOR_STATUS.get(proposal.status)
         if event is None:
             return
-        row = await tx.fetch_one("SELECT * FROM proposals WHERE id = ?", (proposal_id,))
-        if row is None:
-            return
-        facts = snapshot(Proposal.from_row(row), event, self._scrub)
+        facts = snapshot(proposal, event, self._scrub)
         await tx.execute(
             "INSERT INTO notify_outbox (uid, event, proposal_id, payload_json, created_at) VALUES (?, ?, ?, ?, ?)",
-            (f"evt_{uuid.uuid4().hex}", event, proposal_id, json.dumps(facts, ensure_ascii=False), timestamp()),
+            (f"evt_{uuid.uuid4().hex}", event, proposal.id, json.dumps(facts, ensure_ascii=False), timestamp()),
         )
 
 
@@ -179,7 +178,7 @@ class Outcome:
 
 async def record(db: Database, worker: str, outcomes: Sequence[Outcome]) -> None:
     """Record attempts in one transaction; only rows `worker` still holds change."""
-    now = datetime.now(UTC)
+    now = clock.now()
     done = [(timestamp(now), o.delivery_id, worker) for o in outcomes if o.error is None]
     retry = [(later(o.retry_in, now), o.error, o.delivery_id, worker)
              for o in outcomes if o.error is not None and o.retry_in is not None]

@@ -5,8 +5,8 @@
            backoff, or failed after `max_attempts`
     wake:  after `interval` seconds, at once on a push from the store (LISTEN/NOTIFY on
            PostgreSQL), or when a delivery finishes and frees a slot
-    also:  every `sweep_every` seconds expire overdue proposals (so `proposal.expired` is told
-           without anyone reading them) and forget settled events past the retention
+    also:  every `sweep_every` seconds forget settled events past the retention (the server's own
+           expiry sweep writes `expired`, and with it `proposal.expired`, without anyone reading)
 
 Nothing here runs on a gate call's or a decision's path: those only write the outbox row. A dead
 channel costs this worker a slot for at most the timeout, and never anybody else any time.
@@ -20,21 +20,21 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from mcp_knecht.core.proposals import timestamp
+from mcp_knecht.core import clock
+from mcp_knecht.core.changes import Wakeups
+from mcp_knecht.core.database import Database
 from mcp_knecht.errors import DeliveryError, StoreError
 from mcp_knecht.notify import outbox
 from mcp_knecht.notify.channels import Destination
 from mcp_knecht.notify.config import NotifyConfig
 from mcp_knecht.notify.messages import render
-from mcp_knecht.store.database import Database
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +49,8 @@ RECORD_WINDOW = 0.05
 MAX_ERROR = 500
 
 
-class Wakeups(Protocol):
-    async def wait(self, timeout: float) -> bool: ...
-
-
 WakeupSource = Callable[[], AbstractAsyncContextManager[Wakeups]]
-
-
-def _seconds_until(stored: str) -> float:
-    moment = datetime.strptime(stored, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    return (moment - datetime.now(UTC)).total_seconds()
+"""Pushes from the store's change feed (`changes.watching("proposals")` on PostgreSQL)."""
 
 
 def worker_name() -> str:
@@ -73,19 +65,15 @@ class NotifyWorker:
         destinations: Mapping[str, Destination],
         *,
         scrub: Callable[[str], str],
-        expire: Callable[[str], Awaitable[int]] | None = None,
         wakeups: WakeupSource | None = None,
         interval: float = POLL_INTERVAL,
         sweep_every: float = SWEEP_EVERY,
         name: str | None = None,
     ) -> None:
-        """`expire(now)`: the proposal repository's `expire_overdue` (its status hook writes the
-        `proposal.expired` events)."""
         self._db = db
         self._config = config
         self._destinations = destinations
         self._scrub = scrub
-        self._expire = expire
         self._wakeups = wakeups
         self._interval = interval
         self._sweep_every = sweep_every
@@ -111,8 +99,6 @@ class NotifyWorker:
         if now < self._next_sweep:
             return
         self._next_sweep = now + self._sweep_every
-        if self._expire is not None:
-            await self._expire(timestamp())
         await outbox.purge(self._db, older_than=self._config.delivery.retention)
 
     async def _take(self, limit: int) -> list[outbox.Claimed]:
@@ -190,7 +176,7 @@ class NotifyWorker:
             due = await outbox.due(self._db)
         if due.next_at is None:
             return self._interval
-        return min(self._interval, max(MIN_PAUSE, _seconds_until(due.next_at)))
+        return min(self._interval, max(MIN_PAUSE, clock.seconds_until(due.next_at)))
 
     async def _deliver_and_wake(self, claimed: outbox.Claimed) -> None:
         try:
@@ -243,7 +229,7 @@ class NotifyWorker:
         self._wake = anyio.Event()
 
     async def _run_without_destinations(self) -> None:
-        """Nothing to deliver to: expire, mark events routed (to no one) and purge, now and then."""
+        """Nothing to deliver to: mark events routed (to no one) and purge, now and then."""
         while True:
             try:
                 await self._sweep()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mcp_knecht.store.database import Database, Row, Transaction
-from mcp_knecht.store.url import dialect_of
+from mcp_knecht.core.database import Database, Row, Transaction
+from mcp_knecht.core.database_url import dialect_of
 
 
 async def open_database(url: str, *, migrate: bool = True) -> Database:

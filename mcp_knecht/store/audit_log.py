@@ -1,105 +1,87 @@
-"""The audit log: group-committed, hash-chained, verifiable.
+"""The audit log: a keyed hash chain with its head anchored outside the table; group-committed.
 
-The gate hands entries over without waiting; a background task writes whatever has gathered
-in one transaction every `flush_interval` seconds, so the hot path never pays a commit.
-`aclose()` writes the rest, so a clean shutdown loses nothing.
+Each row's hash is an HMAC (the server key's `audit` key) over its id, its fields and the previous
+row's hash: editing a row breaks its own hash, deleting one breaks the link of the row after it, and
+without the key nobody can recompute the chain after an edit. The head — row count, last id, last
+hash — is kept in `audit_anchor` under a MAC of its own, so deleting the newest rows is found too.
+Rows written by release 0.1.0 (before the anchor's `keyed_from`) keep their plain SHA-256 links.
 
-Each row's hash covers its id, its fields and the previous row's hash: editing a row breaks
-its own hash, deleting one breaks the link of the row after it. The chain is extended inside
-the write transaction (which holds the database's write lock), so concurrent writers —
-other processes, other replicas — still make one chain.
+The chain is extended inside a write transaction under `tx.lock("audit_log")`, so concurrent
+writers — other processes, other replicas — still make one chain. `AuditChain.append` is called
+in the same transaction as the state change a row records (a staged proposal, a decision), so
+neither exists without the other. Everything else goes through `AuditLog`: the gate hands entries
+over without waiting; a background task writes what has gathered every `flush_interval` seconds.
+A store that is busy (a lock held by another process) delays the writes, never stops the server:
+entries wait in a bounded buffer, retried with backoff, and once the buffer is full the gate refuses
+new work ("store busy") instead of running calls it cannot record.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.canonical import canonical_json, sha256_hex
+from mcp_knecht.core.canonical import sha256_hex
+from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
+from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.errors import StoreError
-from mcp_knecht.store.database import Database, Row, Transaction, exact_matches
 
 logger = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
+MAX_PENDING = 50_000
+"""Entries waiting for the store; beyond this the gate refuses new work until they are written."""
+RETRY_BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 _COLUMNS = (
     "id", "at", "source", "subject", "client", "tool", "action", "outcome", "rule",
     "proposal_id", "arguments_hash", "detail", "duration_ms",
 )
 _ENTRY_COLUMNS = tuple(c for c in _COLUMNS if c not in ("id", "detail"))
+_SORTED_COLUMNS = tuple(sorted(_COLUMNS))
+# The canonical JSON of a row's fields (core.canonical: sorted keys, compact, UTF-8) without sorting
+# each time: the fields are scalars, so a dict built in sorted key order encodes to the same text.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+VERIFY_BATCH = 5_000
 _INSERT = (
     f"INSERT INTO audit_log ({', '.join(_COLUMNS)}, prev_hash, hash) "
     f"VALUES ({', '.join('?' for _ in _COLUMNS)}, ?, ?)"
 )
 
 
-def _row_hash(fields: dict[str, Any], prev_hash: str) -> str:
-    return sha256_hex(prev_hash + canonical_json(fields))
+def _clean(value: Any) -> Any:
+    """Text that can always be stored: lone surrogates (never valid UTF-8) become `\\udXXX`."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
-async def append_entries(tx: Transaction, entries: Sequence[AuditEntry]) -> None:
-    """Extend the chain by `entries` inside an open write transaction."""
-    await tx.lock("audit_log")
-    last = await tx.fetch_one("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
-    next_id, prev_hash = (last["id"] + 1, last["hash"]) if last else (1, GENESIS)
-    rows = []
-    for entry in entries:
-        # Field by field: dataclasses.asdict deep-copies, ten times the cost, on the server's loop.
-        fields: dict[str, Any] = {column: getattr(entry, column) for column in _ENTRY_COLUMNS}
-        fields["detail"] = json.dumps(entry.detail, ensure_ascii=False, sort_keys=True, default=str)
-        fields["id"] = next_id
-        row_hash = _row_hash(fields, prev_hash)
-        rows.append((*(fields[c] for c in _COLUMNS), prev_hash, row_hash))
-        next_id, prev_hash = next_id + 1, row_hash
-    await tx.execute_many(_INSERT, rows)
+def _row_fields(entry: AuditEntry, row_id: int) -> dict[str, Any]:
+    # Field by field: dataclasses.asdict deep-copies, ten times the cost, on the server's loop.
+    fields: dict[str, Any] = {column: _clean(getattr(entry, column)) for column in _ENTRY_COLUMNS}
+    fields["detail"] = _clean(json.dumps(entry.detail, ensure_ascii=False, sort_keys=True, default=str))
+    fields["id"] = row_id
+    return fields
 
 
-class AuditLog:
-    """An `AuditSink` over a database, writing in groups."""
+@dataclass(frozen=True)
+class Anchor:
+    row_count: int
+    head_id: int
+    head_hash: str
+    keyed_from: int
+    mac: str
 
-    def __init__(self, db: Database, *, flush_interval: float = 0.05) -> None:
-        self._db = db
-        self._interval = flush_interval
-        self._pending: list[AuditEntry] = []
-        self._closed = False
-        self._flush_lock = anyio.Lock()
-
-    def record(self, entry: AuditEntry) -> None:
-        if self._closed:
-            raise StoreError("The audit log is closed; no call may run without an audit record.")
-        self._pending.append(entry)
-
-    async def run(self) -> None:
-        """Flush periodically until cancelled (run it in the server's task group)."""
-        while True:
-            await anyio.sleep(self._interval)
-            if self._pending:
-                await self.flush()
-
-    async def flush(self) -> None:
-        async with self._flush_lock:
-            batch, self._pending = self._pending, []
-            if not batch:
-                return
-            try:
-                async with self._db.transaction() as tx:
-                    await append_entries(tx, batch)
-            except Exception:
-                # Keep them for the next round rather than lose the record of what happened.
-                self._pending[:0] = batch
-                logger.exception("Writing %d audit entries failed; will retry", len(batch))
-                raise
-
-    async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await self.flush()
-            self._closed = True
+    def message(self) -> str:
+        return f"{self.row_count}:{self.head_id}:{self.head_hash}:{self.keyed_from}"
 
 
 @dataclass(frozen=True)
@@ -108,21 +90,162 @@ class ChainProblem:
     problem: str
 
 
-async def verify_chain(db: Database) -> list[ChainProblem]:
-    """Recompute the chain; report every row whose hash or link does not hold."""
-    problems: list[ChainProblem] = []
-    prev_hash, expected_id = GENESIS, 1
-    row: Row
-    async for row in db.stream(f"SELECT {', '.join(_COLUMNS)}, prev_hash, hash FROM audit_log ORDER BY id"):
-        if row["id"] != expected_id:
-            problems.append(ChainProblem(expected_id, f"rows {expected_id}..{row['id'] - 1} are missing"))
-        if row["prev_hash"] != prev_hash:
-            problems.append(ChainProblem(row["id"], "does not link to the row before it (a row was deleted or edited)"))
-        fields = {c: row[c] for c in _COLUMNS}
-        if _row_hash(fields, row["prev_hash"]) != row["hash"]:
-            problems.append(ChainProblem(row["id"], "content does not match its hash (the row was edited)"))
-        prev_hash, expected_id = row["hash"], row["id"] + 1
-    return problems
+class AuditChain:
+    """Appends to and verifies the chain with the server's keys."""
+
+    def __init__(self, keys: ServerKeys) -> None:
+        self.keys = keys
+        self._keys = keys
+
+    def _link(self, fields: dict[str, Any], prev_hash: str, *, keyed: bool) -> str:
+        text = prev_hash + _ENCODE({column: fields[column] for column in _SORTED_COLUMNS})
+        return self._keys.mac("audit", text) if keyed else sha256_hex(text)
+
+    def _signed(self, anchor: Anchor) -> Anchor:
+        return replace(anchor, mac=self._keys.mac("audit-anchor", anchor.message()))
+
+    async def _anchor(self, source: Transaction | Database) -> Anchor | None:
+        row = await source.fetch_one(
+            "SELECT row_count, head_id, head_hash, keyed_from, mac FROM audit_anchor WHERE id = 1")
+        return Anchor(**row) if row else None
+
+    async def append(self, tx: Transaction, entries: Sequence[AuditEntry]) -> list[int]:
+        """Extend the chain by `entries` inside an open write transaction; return their ids."""
+        if not entries:
+            return []
+        await tx.lock("audit_log")
+        anchor = await self._anchor(tx)
+        if anchor is None:
+            raise StoreError("The audit log's head anchor is missing: the database was tampered with. "
+                             "Run `mcp-knecht audit verify`.")
+        last = await tx.fetch_one("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
+        next_id, prev_hash = (last["id"] + 1, last["hash"]) if last else (1, GENESIS)
+        rows, ids = [], []
+        for entry in entries:
+            fields = _row_fields(entry, next_id)
+            row_hash = self._link(fields, prev_hash, keyed=True)
+            rows.append((*(fields[c] for c in _COLUMNS), prev_hash, row_hash))
+            ids.append(next_id)
+            next_id, prev_hash = next_id + 1, row_hash
+        await tx.execute_many(_INSERT, rows)
+        head = self._signed(Anchor(anchor.row_count + len(rows), next_id - 1, prev_hash, anchor.keyed_from, ""))
+        await tx.execute(
+            "UPDATE audit_anchor SET row_count = ?, head_id = ?, head_hash = ?, mac = ? WHERE id = 1",
+            (head.row_count, head.head_id, head.head_hash, head.mac),
+        )
+        return ids
+
+    async def verify(self, db: Database) -> AsyncIterator[ChainProblem | int]:
+        """Recompute the chain in bounded memory; yields every problem found, and the number of rows
+        checked so far every 100,000 rows (for progress lines)."""
+        anchor = await self._anchor(db)
+        keyed_from = anchor.keyed_from if anchor else 1
+        prev_hash, expected_id, count = GENESIS, 1, 0
+        row: Row
+        async for row in db.stream(f"SELECT {', '.join(_COLUMNS)}, prev_hash, hash FROM audit_log ORDER BY id",
+                                   batch=VERIFY_BATCH):
+            count += 1
+            if row["id"] != expected_id:
+                yield ChainProblem(expected_id, f"rows {expected_id}..{row['id'] - 1} are missing")
+            if row["prev_hash"] != prev_hash:
+                yield ChainProblem(row["id"], "does not link to the row before it (a row was deleted or edited)")
+            if self._link(row, row["prev_hash"], keyed=row["id"] >= keyed_from) != row["hash"]:
+                yield ChainProblem(row["id"], "content does not match its hash (the row was edited, or the chain "
+                                              "was recomputed without the server key)")
+            prev_hash, expected_id = row["hash"], row["id"] + 1
+            if count % 100_000 == 0:
+                yield count
+        for problem in self._check_anchor(anchor, count, expected_id - 1, prev_hash):
+            yield problem
+
+    def _check_anchor(self, anchor: Anchor | None, count: int, head_id: int, head_hash: str) -> list[ChainProblem]:
+        if anchor is None:
+            return [ChainProblem(head_id, "the head anchor is missing (rows may have been deleted)")]
+        if anchor.mac == "":
+            if anchor.head_id >= anchor.keyed_from:
+                return [ChainProblem(head_id, "the head anchor is unsigned although keyed rows exist")]
+        elif not self._keys.verify("audit-anchor", anchor.message(), anchor.mac):
+            return [ChainProblem(head_id, "the head anchor's MAC does not hold (it was edited, or this process "
+                                          "has another server key)")]
+        if (anchor.row_count, anchor.head_id, anchor.head_hash) != (count, head_id, head_hash if count else ""):
+            if anchor.head_id > head_id or anchor.row_count > count:
+                return [ChainProblem(head_id + 1, f"rows {head_id + 1}..{anchor.head_id} at the head are missing "
+                                                  "(the newest rows were deleted)")]
+            return [ChainProblem(head_id, "the chain does not end where its head anchor says")]
+        return []
+
+
+async def verify_chain(db: Database, chain: AuditChain) -> list[ChainProblem]:
+    return [found async for found in chain.verify(db) if isinstance(found, ChainProblem)]
+
+
+class AuditLog:
+    """An `AuditSink` over a database, writing in groups, never stopped by a busy store."""
+
+    def __init__(self, db: Database, chain: AuditChain, *, flush_interval: float = 0.05,
+                 max_pending: int = MAX_PENDING) -> None:
+        self._db = db
+        self.chain = chain
+        self._interval = flush_interval
+        self._max_pending = max_pending
+        self._pending: list[AuditEntry] = []
+        self._closed = False
+        self._flush_lock = anyio.Lock()
+        self.failures = 0
+        """Consecutive failed writes (a busy or unreachable store)."""
+
+    def record(self, entry: AuditEntry) -> None:
+        if self._closed:
+            raise StoreError("The audit log is closed; no call may run without an audit record.")
+        self._pending.append(entry)
+
+    @property
+    def depth(self) -> int:
+        """Entries waiting to be written."""
+        return len(self._pending)
+
+    def accepting(self) -> bool:
+        """False while the buffer is full: new work would run without a durable record soon enough."""
+        return len(self._pending) < self._max_pending
+
+    async def run(self) -> None:
+        """Flush periodically until cancelled; a failed write is retried with backoff, never raised."""
+        while True:
+            await anyio.sleep(self._interval if not self.failures else
+                              RETRY_BACKOFF[min(self.failures, len(RETRY_BACKOFF)) - 1])
+            if self._pending:
+                try:
+                    await self.flush()
+                except StoreError as exc:
+                    logger.warning("Audit entries wait (%d): %s; retrying", len(self._pending), exc.message)
+                except Exception:
+                    logger.exception("Writing %d audit entries failed; retrying", len(self._pending))
+
+    async def flush(self) -> None:
+        async with self._flush_lock:
+            batch, self._pending = self._pending, []
+            if not batch:
+                return
+            try:
+                async with self._db.transaction() as tx:
+                    await self.chain.append(tx, batch)
+            except BaseException:
+                # Keep them for the next round rather than lose the record of what happened.
+                self._pending[:0] = batch
+                self.failures += 1
+                raise
+            self.failures = 0
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for delay in (0, *RETRY_BACKOFF):
+                await anyio.sleep(delay)
+                try:
+                    await self.flush()
+                    break
+                except Exception:
+                    logger.exception("Writing the last %d audit entries failed", len(self._pending))
+            self._closed = True
 
 
 async def recent_entries(

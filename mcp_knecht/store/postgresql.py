@@ -28,17 +28,13 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import asyncpg
 
+from mcp_knecht.core.database import Params, Row
 from mcp_knecht.errors import ConfigError, StoreError
-from mcp_knecht.store.database import Params, Row
-
-if TYPE_CHECKING:
-    from mcp_knecht.store.notify import DecisionNotifier
 
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
@@ -235,7 +231,6 @@ class PostgresDatabase:
     def __init__(self, url: str, pool: asyncpg.Pool) -> None:
         self.url = url
         self._pool = pool
-        self._notifier: DecisionNotifier | None = None
 
     @classmethod
     async def open(cls, url: str) -> PostgresDatabase:
@@ -278,7 +273,9 @@ class PostgresDatabase:
             raise _store_error("Database read failed", exc) from exc
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[_PgTransaction]:
+    async def transaction(self, *, durable: bool = False) -> AsyncIterator[_PgTransaction]:
+        """`durable` changes nothing here: with the server's default `synchronous_commit = on`
+        every commit is flushed to disk before it returns."""
         try:
             conn = await self._pool.acquire()
         except _DRIVER_ERRORS as exc:
@@ -319,29 +316,17 @@ class PostgresDatabase:
         async with self.transaction() as tx:
             await tx.sync_sequences([r["name"] for r in rows])
 
-    async def listen(self, channel: str, callback: Any) -> asyncpg.Connection:
-        """A dedicated connection (outside the pool) delivering NOTIFYs on `channel` to
-        `callback(payload: str)`. The caller closes it."""
-        dsn = self.dsn
+    async def listen(self) -> asyncpg.Connection:
+        """A dedicated connection outside the pool, for LISTEN (`add_listener`). The caller closes it."""
         try:
-            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
-            await conn.add_listener(channel, lambda _c, _pid, _ch, payload: callback(payload))
+            return await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT)
         except _DRIVER_ERRORS as exc:
-            raise _store_error(f"Cannot listen on {channel!r}", exc) from exc
-        return conn
-
-    def decision_notifier(self) -> DecisionNotifier:
-        """One LISTEN connection per database object, shared by every waiting agent."""
-        if self._notifier is None:
-            from mcp_knecht.store.notify import PgDecisionNotifier
-
-            self._notifier = PgDecisionNotifier(self)
-        return self._notifier
+            raise _store_error("Cannot open a connection to listen on", exc) from exc
+        except TimeoutError as exc:
+            raise StoreError("Cannot open a connection to listen on: timed out") from exc
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
-            if self._notifier is not None:
-                await self._notifier.aclose()
             try:
                 await self._pool.close()
             except _DRIVER_ERRORS:

@@ -1,120 +1,209 @@
-"""Proposals in SQL. Each state change is a single `UPDATE … WHERE status = <expected>`, so of
-any number of racing processes (or replicas) exactly one sees a row change.
+"""Proposals in SQL: the one place rows become `Proposal`s and back.
 
-`on_status(tx, id, status)`, if given, runs inside the transaction of every change it describes
-(notifications write their outbox there: no state change without its event, and no event
-without its state change)."""
+Each state change is a single `UPDATE … WHERE status = <expected>`, so of any number of racing
+processes (or replicas) exactly one sees a row change — and it commits, in the same `durable`
+transaction, the audit row that records it: no proposal without its `staged` row, no decision
+without its row. Every read applies expiry: a pending row whose `expires_at` has passed reads as
+`expired`, on every path.
+
+`on_status(tx, proposal)`, if given, is awaited inside the transaction of every status change with
+the proposal as it now is (notifications write their outbox there: no change without its event,
+and no event without its change).
+"""
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
+from mcp_knecht.core import clock
+from mcp_knecht.core.audit import AuditEntry
+from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.core.proposals import NewProposal, Proposal
-from mcp_knecht.store.database import Database, Transaction, exact_matches
+from mcp_knecht.store.audit_log import AuditChain
 
 _SELECT = "SELECT * FROM proposals"
 
-StatusHook = Callable[[Transaction, int, str], Awaitable[None]]
-"""`hook(tx, proposal_id, new_status)`, awaited inside the transaction that made the change."""
+StatusHook = Callable[[Transaction, Proposal], Awaitable[None]]
+"""`hook(tx, proposal)`: awaited inside the transaction that gave `proposal` its status."""
+
+
+def _effective_status(row: Row, now: str) -> str:
+    return "expired" if row["status"] == "pending" and row["expires_at"] <= now else str(row["status"])
+
+
+def _proposal(row: Row, now: str) -> Proposal:
+    return Proposal(
+        id=row["id"], tool=row["tool"], action=row["action"],
+        arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
+        proposer_subject=row["proposer_subject"], proposer_client=row["proposer_client"],
+        proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
+        preview=json.loads(row["preview_json"]) if row["preview_json"] else None,
+        status=_effective_status(row, now),  # type: ignore[arg-type]
+        created_at=row["created_at"], expires_at=row["expires_at"],
+        decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
+        started_at=row["started_at"], finished_at=row["finished_at"],
+        result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
+        arguments_shown=row.get("arguments_shown"), seal=row.get("seal"),
+    )
+
+
+def _status_condition(status: str | None, now: str) -> tuple[list[str], list[Any]]:
+    """WHERE conditions for an effective status."""
+    if status == "pending":
+        return ["status = 'pending'", "expires_at > ?"], [now]
+    if status == "expired":
+        # The IN lets an index on status serve both kinds of row; the OR then keeps the overdue pending ones.
+        return ["status IN ('expired', 'pending')", "(status = 'expired' OR expires_at <= ?)"], [now]
+    return exact_matches({"status": status})
 
 
 class SqlProposalRepository:
-    def __init__(self, db: Database, *, on_status: StatusHook | None = None) -> None:
+    def __init__(self, db: Database, chain: AuditChain, *, on_status: StatusHook | None = None) -> None:
         self._db = db
+        self._chain = chain
         self._on_status = on_status
 
-    async def _changed(self, tx: Transaction, proposal_id: int, status: str) -> None:
+    async def _changed(self, tx: Transaction, proposal_id: int) -> None:
         if self._on_status is not None:
-            await self._on_status(tx, proposal_id, status)
+            row = await tx.fetch_one(f"{_SELECT} WHERE id = ?", (proposal_id,))
+            assert row is not None
+            await self._on_status(tx, _proposal(row, clock.timestamp()))
 
-    async def create(self, proposal: NewProposal) -> int:
-        async with self._db.transaction() as tx:
+    async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
+        async with self._db.transaction(durable=True) as tx:
+            subject, arguments_hash = proposal.proposer.subject, proposal.arguments_hash
+            await tx.lock(f"proposal-call:{subject}:{arguments_hash}")
+            existing = await tx.fetch_one(
+                "SELECT id FROM proposals WHERE proposer_subject = ? AND arguments_hash = ? AND tool = ?"
+                " AND status = 'pending' AND expires_at > ? ORDER BY id LIMIT 1",
+                (subject, arguments_hash, proposal.tool, proposal.created_at),
+            )
+            if existing is not None:
+                proposal_id = int(existing["id"])
+                await self._chain.append(tx, [replace(staged, proposal_id=proposal_id,
+                                                      detail={**staged.detail, "already_pending": True})])
+                return proposal_id, False
             row = await tx.fetch_one(
                 "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, arguments_shown,"
                 " proposer_subject, proposer_client, proposer_scopes, rule, preview_json, status, created_at,"
-                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) RETURNING id",
+                " expires_at, seal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) RETURNING id",
                 (
-                    proposal.tool, proposal.action, proposal.arguments_json, proposal.arguments_hash,
-                    proposal.arguments_shown,
-                    proposal.proposer.subject, proposal.proposer.client,
+                    proposal.tool, proposal.action, proposal.arguments_json, arguments_hash,
+                    proposal.arguments_shown, subject, proposal.proposer.client,
                     " ".join(sorted(proposal.proposer.scopes)), proposal.rule,
                     json.dumps(proposal.preview, ensure_ascii=False) if proposal.preview is not None else None,
-                    proposal.created_at, proposal.expires_at,
+                    proposal.created_at, proposal.expires_at, proposal.seal,
                 ),
             )
             assert row is not None
-            await self._changed(tx, int(row["id"]), "pending")
-        return int(row["id"])
+            proposal_id = int(row["id"])
+            await self._chain.append(tx, [replace(staged, proposal_id=proposal_id)])
+            await self._changed(tx, proposal_id)
+        return proposal_id, True
 
     async def get(self, proposal_id: int) -> Proposal | None:
         row = await self._db.fetch_one(f"{_SELECT} WHERE id = ?", (proposal_id,))
-        return Proposal.from_row(row) if row else None
+        return _proposal(row, clock.timestamp()) if row else None
 
-    async def list(self, *, status: str | None = None, subject: str | None = None,
-                   limit: int = 100, after_id: int = 0, oldest_first: bool = False) -> list[Proposal]:
-        where, params = exact_matches({"status": status, "proposer_subject": subject})
-        where, params = ["id > ?", *where], [after_id, *params]
+    async def list(self, *, status: str | None = None, subject: str | None = None, limit: int = 100,
+                   after_id: int = 0, before_id: int | None = None,
+                   oldest_first: bool = False) -> builtins.list[Proposal]:
+        now = clock.timestamp()
+        where, params = _status_condition(status, now)
+        subject_where, subject_params = exact_matches({"proposer_subject": subject})
+        conditions = ["id > ?", *where, *subject_where]
+        if before_id is not None:
+            conditions.append("id < ?")
+            subject_params.append(before_id)
         order = "ASC" if oldest_first else "DESC"
         rows = await self._db.fetch_all(
-            f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?", (*params, limit)
+            f"{_SELECT} WHERE {' AND '.join(conditions)} ORDER BY id {order} LIMIT ?",
+            (after_id, *params, *subject_params, limit),
         )
-        return [Proposal.from_row(row) for row in rows]
+        return [_proposal(row, now) for row in rows]
 
-    async def _update(self, sql: str, params: tuple[object, ...], *, proposal_id: int, status: str) -> bool:
-        async with self._db.transaction() as tx:
-            changed = await tx.execute(sql, params) == 1
-            if changed:
-                await self._changed(tx, proposal_id, status)
-            return changed
+    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None,
+                      proposal_id: int) -> bool:
+        """One conditional UPDATE; its audit row commits with it, and only if it changed a row."""
+        async with self._db.transaction(durable=True) as tx:
+            if await tx.execute(sql, params) != 1:
+                return False
+            if audit is not None:
+                await self._chain.append(tx, [audit])
+            await self._changed(tx, proposal_id)
+            return True
 
-    async def expire_overdue(self, now: str) -> int:
-        async with self._db.transaction() as tx:
-            expired = await tx.fetch_all(
-                "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING id",
+    async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
+        async with self._db.transaction(durable=True) as tx:
+            rows = await tx.fetch_all(
+                "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING *",
                 (now,),
             )
-            for row in expired:
-                await self._changed(tx, int(row["id"]), "expired")
-        return len(expired)
+            expired = [_proposal(row, now) for row in rows]
+            await self._chain.append(tx, [audit(p) for p in sorted(expired, key=lambda p: p.id)])
+            if self._on_status is not None:
+                for proposal in sorted(expired, key=lambda p: p.id):
+                    await self._on_status(tx, proposal)
+        return expired
 
-    async def claim(self, proposal_id: int, operator: str, now: str) -> bool:
+    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ?"
             " WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?",
-            (operator, now, proposal_id, now, operator), proposal_id=proposal_id, status="approved",
+            (operator, now, proposal_id, now, operator), audit, proposal_id,
         )
 
-    async def reject(self, proposal_id: int, operator: str, reason: str, now: str) -> bool:
+    async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'rejected', decided_by = ?, decided_at = ?, reason = ?"
             " WHERE id = ? AND status = 'pending' AND expires_at > ?",
-            (operator, now, reason, proposal_id, now), proposal_id=proposal_id, status="rejected",
+            (operator, now, reason, proposal_id, now), audit, proposal_id,
         )
 
     async def start_execution(self, proposal_id: int, now: str) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'executing', started_at = ? WHERE id = ? AND status = 'approved'",
-            (now, proposal_id), proposal_id=proposal_id, status="executing",
+            (now, proposal_id), None, proposal_id,
         )
 
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str) -> bool:
-        status = "succeeded" if succeeded else "failed"
+                     error: str | None, now: str, audit: AuditEntry) -> bool:
         return await self._update(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
-            (status, now, result_json, error, proposal_id), proposal_id=proposal_id, status=status,
+            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit, proposal_id,
         )
 
+    async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
+        now = clock.timestamp()
+        async with self._db.transaction() as tx:
+            rows = await tx.fetch_all(
+                "UPDATE proposals SET seen_at = ? WHERE id IN (SELECT id FROM proposals WHERE proposer_subject = ?"
+                " AND seen_at IS NULL AND (status IN ('succeeded', 'failed', 'rejected', 'expired')"
+                " OR (status = 'pending' AND expires_at <= ?)) ORDER BY id LIMIT ?) RETURNING *",
+                (now, subject, now, limit),
+            )
+        return sorted((_proposal(row, now) for row in rows), key=lambda p: p.id)
+
+    async def mark_seen(self, proposal_id: int) -> None:
+        async with self._db.transaction() as tx:
+            await tx.execute("UPDATE proposals SET seen_at = ? WHERE id = ? AND seen_at IS NULL",
+                             (clock.timestamp(), proposal_id))
+
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """`id → (status, proposer subject)` for the ids that exist."""
+        """`id → (effective status, proposer subject)` for the ids that exist."""
+        now = clock.timestamp()
         found: dict[int, tuple[str, str]] = {}
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
             rows = await self._db.fetch_all(
-                f"SELECT id, status, proposer_subject FROM proposals WHERE id IN ({', '.join('?' * len(chunk))})",
+                "SELECT id, status, expires_at, proposer_subject FROM proposals"
+                f" WHERE id IN ({', '.join('?' * len(chunk))})",
                 chunk,
             )
-            found.update({row["id"]: (row["status"], row["proposer_subject"]) for row in rows})
+            found.update({row["id"]: (_effective_status(row, now), row["proposer_subject"]) for row in rows})
         return found

@@ -14,9 +14,9 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from mcp_knecht.core.database import Params, Row
+from mcp_knecht.core.database_url import normalise, sqlite_path
 from mcp_knecht.errors import StoreError
-from mcp_knecht.store.database import Params, Row
-from mcp_knecht.store.url import normalise, sqlite_path
 
 BUSY_TIMEOUT_MS = 15_000
 
@@ -30,11 +30,12 @@ async def _connect(path: str) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
         raise StoreError(f"Cannot open SQLite database {path}: {exc}") from exc
-    conn.row_factory = _dict_row
+    conn.row_factory = _dict_row  # type: ignore[assignment]  # aiosqlite types it as a class
     await conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     await conn.execute_fetchall("PRAGMA foreign_keys = ON")
-    # NORMAL under WAL: a commit survives a process crash; an OS crash may lose the last
-    # commits but never corrupts. Proposals and decisions ask for FULL per transaction.
+    # NORMAL under WAL: a commit survives a crash of the process; a power loss may lose the last
+    # commits but never corrupts. A `durable` transaction (proposals, decisions) switches to FULL
+    # for its own commit, which syncs the WAL before COMMIT returns.
     await conn.execute_fetchall("PRAGMA synchronous = NORMAL")
     return conn
 
@@ -116,23 +117,35 @@ class SQLiteDatabase:
             await conn.close()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[_SQLiteTransaction]:
+    async def transaction(self, *, durable: bool = False) -> AsyncIterator[_SQLiteTransaction]:
         async with self._write_lock:
+            if durable:
+                await self._writer.execute("PRAGMA synchronous = FULL")
             try:
-                await self._writer.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise StoreError(f"Cannot start a write transaction: {exc}") from exc
-            try:
-                yield _SQLiteTransaction(self._writer)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._writer.execute("ROLLBACK")
-                raise
-            try:
-                with anyio.CancelScope(shield=True):
-                    await self._writer.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise StoreError(f"Commit failed: {exc}") from exc
+                async with self._in_transaction():
+                    yield _SQLiteTransaction(self._writer)
+            finally:
+                if durable:
+                    with anyio.CancelScope(shield=True):
+                        await self._writer.execute("PRAGMA synchronous = NORMAL")
+
+    @asynccontextmanager
+    async def _in_transaction(self) -> AsyncIterator[None]:
+        try:
+            await self._writer.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"Cannot start a write transaction: {exc}") from exc
+        try:
+            yield
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._writer.execute("ROLLBACK")
+            raise
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._writer.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"Commit failed: {exc}") from exc
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):

@@ -24,6 +24,7 @@ from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenVerifier
 from mcp_knecht.errors import AuthError, ConfigError
+from mcp_knecht.transports.decisions_api import DecisionApi
 from mcp_knecht.transports.mcp_server import server_for_app
 
 MCP_PATH = "/mcp"
@@ -104,7 +105,7 @@ def build_http_app(
             validate_token_resource=False,  # our verifier checks the audience itself
         ),
         token_verifier=_SdkTokenVerifier(verifier),
-        custom_starlette_routes=[Route("/healthz", health, methods=["GET"])],
+        custom_starlette_routes=[Route("/healthz", health, methods=["GET"]), *DecisionApi(app, verifier).routes()],
     )
     # Ours first, so both well-known paths describe the same resource with its scopes.
     for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource" + MCP_PATH):

@@ -16,20 +16,13 @@ from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate, GateResult
 from mcp_knecht.core.prompts import Prompt
-from mcp_knecht.core.tools import Tool
+from mcp_knecht.core.tools import MCP, Tool
 from mcp_knecht.errors import KnechtError
 from mcp_knecht.transports.proposal_feed import ProposalFeed
 
 logger = logging.getLogger(__name__)
 
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
-
-INSTRUCTIONS = (
-    "mcp-knecht gives you the data of the Knecht CI system: projects, workflows, runs and logs. "
-    "You only see the tools your token allows. Tools that change something may be staged: the call "
-    "returns 'Submitted for approval (#ID)' at once and a human decides later; that is not a failure. "
-    "Follow up with get_proposal when you need the outcome."
-)
 
 
 def _mcp_tool(tool: Tool, staged: bool) -> types.Tool:
@@ -70,7 +63,9 @@ _INTERNAL_ERROR = types.CallToolResult(
 )
 
 _NOT_AUTHENTICATED = types.CallToolResult(
-    content=[types.TextContent(type="text", text="Not authenticated: this request carries no valid token.")],
+    content=[types.TextContent(type="text", text=(
+        "Not authenticated: this request carries no valid token, or the session's token has expired. Mint a new "
+        "one (mcp-knecht token mint --sub NAME --profile claude-code) and reconnect with it."))],
     is_error=True,
 )
 
@@ -90,6 +85,7 @@ def build_mcp_server(
     resolve_actor: ActorResolver,
     prompts: Sequence[Prompt] = (),
     feed: ProposalFeed | None = None,
+    instructions: str | None = None,
 ) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -111,7 +107,7 @@ def build_mcp_server(
         if actor is None:
             return _NOT_AUTHENTICATED
         try:
-            result = await gate.call_tool(actor, params.name, params.arguments, source="mcp")
+            result = await gate.call_tool(actor, params.name, params.arguments, source=MCP)
         except Exception:  # the gate answers every tool failure itself; this is the last line
             logger.exception("The gate failed on %s", params.name[:200])
             return _INTERNAL_ERROR
@@ -147,7 +143,7 @@ def build_mcp_server(
     return Server(
         "mcp-knecht",
         version=__version__,
-        instructions=INSTRUCTIONS,
+        instructions=instructions,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         **handlers,
@@ -156,4 +152,5 @@ def build_mcp_server(
 
 def server_for_app(app: App, resolve_actor: ActorResolver) -> Server[Any]:
     """The MCP server of an assembled app: its gate, prompts and proposal notifications."""
-    return build_mcp_server(app.gate, resolve_actor, app.prompts, ProposalFeed(app.proposals, app.watcher))
+    return build_mcp_server(app.gate, resolve_actor, app.prompts, ProposalFeed(app.proposals, app.watcher),
+                            instructions=app.instructions)

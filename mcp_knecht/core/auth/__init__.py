@@ -2,8 +2,6 @@
 
 from mcp_knecht.core.auth.keys import (
     ASYMMETRIC_ALGORITHMS,
-    DEFAULT_AUDIENCE,
-    DEFAULT_ISSUER,
     DEV_SECRET_FILENAME,
     MIN_SECRET_BYTES,
     TokenSettings,
@@ -11,16 +9,14 @@ from mcp_knecht.core.auth.keys import (
     load_public_key,
     load_token_settings,
 )
-from mcp_knecht.core.auth.minting import DEFAULT_TTL, mint_token, parse_ttl
+from mcp_knecht.core.auth.minting import TOKEN_TTL, mint_token, parse_ttl
 from mcp_knecht.core.auth.verifier import TokenVerifier, actor_from_claims
 
 __all__ = [
     "ASYMMETRIC_ALGORITHMS",
-    "DEFAULT_AUDIENCE",
-    "DEFAULT_ISSUER",
-    "DEFAULT_TTL",
     "DEV_SECRET_FILENAME",
     "MIN_SECRET_BYTES",
+    "TOKEN_TTL",
     "TokenSettings",
     "TokenVerifier",
     "actor_from_claims",

@@ -6,27 +6,26 @@ Each key kind brings its own algorithm allow-list, so `alg: none` and HS/RS key 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from cryptography.x509 import load_pem_x509_certificate
 
+from mcp_knecht.core import settings as declared
 from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
+from mcp_knecht.core.settings import DEFAULT_AUDIENCE, DEFAULT_ISSUER, Settings
 from mcp_knecht.errors import ConfigError
 
-ENV_SECRET = "KNECHT_JWT_SECRET"
-ENV_PUBLIC_KEY = "KNECHT_JWT_PUBLIC_KEY"
-ENV_JWKS_URL = "KNECHT_JWKS_URL"
-ENV_ISSUER = "KNECHT_JWT_ISSUER"
-ENV_AUDIENCE = "KNECHT_JWT_AUDIENCE"
+ENV_SECRET = declared.JWT_SECRET.name
+ENV_PUBLIC_KEY = declared.JWT_PUBLIC_KEY.name
+ENV_JWKS_URL = declared.JWKS_URL.name
+ENV_ISSUER = declared.JWT_ISSUER.name
+ENV_AUDIENCE = declared.JWT_AUDIENCE.name
 
-DEFAULT_ISSUER = "mcp-knecht"
-DEFAULT_AUDIENCE = "mcp-knecht"
 DEV_SECRET_FILENAME = "jwt-secret"
 MIN_SECRET_BYTES = 32
 MIN_RSA_BITS = 2048
@@ -118,26 +117,18 @@ class TokenSettings:
         return f"JWKS at {self.jwks_url}"
 
 
-def load_token_settings(data_dir: Path, env: Mapping[str, str], *, create_dev_secret: bool) -> TokenSettings:
-    """Build settings from KNECHT_JWT_* variables; fall back to `<data_dir>/jwt-secret`.
+def load_token_settings(settings: Settings, *, create_dev_secret: bool) -> TokenSettings:
+    """The token key of `settings`; without one, the dev secret `<data dir>/jwt-secret` (made
+    on first use when `create_dev_secret`)."""
+    common: dict[str, Any] = {"issuer": settings.jwt_issuer, "audience": settings.jwt_audience}
+    if settings.jwt_secret or settings.jwt_public_key or settings.jwks_url:
+        token_settings = TokenSettings(secret=settings.jwt_secret, public_key_path=settings.jwt_public_key,
+                                       jwks_url=settings.jwks_url, **common)
+        if settings.jwt_public_key is not None:
+            load_public_key(settings.jwt_public_key)  # fail at startup, not on the first request
+        return token_settings
 
-    Callers merge flags into `env` first, so flags win.
-    """
-    secret = env.get(ENV_SECRET) or None
-    public_key = env.get(ENV_PUBLIC_KEY) or None
-    jwks_url = env.get(ENV_JWKS_URL) or None
-    common: dict[str, Any] = {
-        "issuer": env.get(ENV_ISSUER) or DEFAULT_ISSUER,
-        "audience": env.get(ENV_AUDIENCE) or DEFAULT_AUDIENCE,
-    }
-    if secret or public_key or jwks_url:
-        public_key_path = Path(public_key).expanduser() if public_key else None
-        settings = TokenSettings(secret=secret, public_key_path=public_key_path, jwks_url=jwks_url, **common)
-        if public_key_path is not None:
-            load_public_key(public_key_path)  # fail at startup, not on the first request
-        return settings
-
-    path = Path(data_dir) / DEV_SECRET_FILENAME
+    path = settings.data_dir / DEV_SECRET_FILENAME
     created = False
     if not path.exists():
         if not create_dev_secret:
@@ -178,8 +169,8 @@ def load_public_key(path: Path) -> PublicKey:
             key = load_pem_public_key(data)
     except ValueError as exc:
         raise ConfigError(f"{path} is not a PEM public key or certificate.") from exc
-    algorithms_for_key(key, source=str(path))
-    return key
+    algorithms_for_key(key, source=str(path))  # refuses every other kind of key
+    return cast(PublicKey, key)
 
 
 def algorithms_for_key(key: object, *, source: str = "the key") -> tuple[str, ...]:

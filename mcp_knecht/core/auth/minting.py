@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -13,12 +12,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 
 from mcp_knecht.core.auth.keys import TokenSettings, algorithms_for_key, load_public_key
-from mcp_knecht.errors import ConfigError
+from mcp_knecht.core.durations import parse_duration
+from mcp_knecht.errors import ConfigError, UsageError
 
-DEFAULT_TTL = timedelta(hours=8)
+TOKEN_TTL = timedelta(hours=8)
+"""The lifetime of a minted token unless `--ttl` says otherwise."""
 MAX_TTL = timedelta(days=365)
-_TTL_PART = re.compile(r"(\d+)([smhdw])")
-_TTL_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 PrivateKey = (
     rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
@@ -31,7 +30,7 @@ def mint_token(
     subject: str,
     scopes: Iterable[str],
     client: str = "cli",
-    ttl: timedelta = DEFAULT_TTL,
+    ttl: timedelta = TOKEN_TTL,
     private_key_pem: bytes | None = None,
     key_id: str | None = None,
     now: datetime | None = None,
@@ -45,13 +44,13 @@ def mint_token(
     `now` exists for tests and for minting tokens that start later.
     """
     if not isinstance(subject, str) or not subject.strip():
-        raise ConfigError("A token needs a subject (--sub NAME).")
+        raise UsageError("A token needs a subject (--sub NAME).")
     if ttl <= timedelta(0) or ttl > MAX_TTL:
-        raise ConfigError(f"Token lifetime must be positive and at most {MAX_TTL.days} days.")
+        raise UsageError(f"Token lifetime must be positive and at most {MAX_TTL.days} days.")
     scope_list = sorted(set(scopes))
     for scope in scope_list:
         if not isinstance(scope, str) or not scope or any(ch.isspace() for ch in scope):
-            raise ConfigError(f"Invalid scope name {scope!r}: scopes are single words like 'projects:read'.")
+            raise UsageError(f"Invalid scope name {scope!r}: scopes are single words like 'projects:read'.")
 
     issued = (now or datetime.now(UTC)).replace(microsecond=0)
     claims: dict[str, Any] = {
@@ -67,7 +66,7 @@ def mint_token(
     }
     if extra_claims:
         if clash := sorted(set(extra_claims) & (set(claims) | {"scp", "azp"})):
-            raise ConfigError(f"Claim {clash[0]!r} is set by mcp-knecht itself and cannot be given as --claim.")
+            raise UsageError(f"Claim {clash[0]!r} is set by mcp-knecht itself and cannot be given as --claim.")
         claims.update(extra_claims)
     headers = {"kid": key_id} if key_id else None
     if settings.secret is not None:
@@ -86,22 +85,8 @@ def mint_token(
 
 
 def parse_ttl(text: str) -> timedelta:
-    """Parse a lifetime like "8h", "30m", "7d", "3600s" or "1h30m"."""
-    compact = text.strip().lower().replace(" ", "") if isinstance(text, str) else ""
-    if not compact or _TTL_PART.sub("", compact):
-        raise ConfigError(f"Invalid duration {text!r}: use a number with a unit, e.g. 30m, 8h, 7d or 3600s.")
-    try:
-        ttl = sum(
-            (timedelta(**{_TTL_UNITS[unit]: int(number)}) for number, unit in _TTL_PART.findall(compact)),
-            timedelta(0),
-        )
-    except OverflowError as exc:
-        raise ConfigError(f"Duration {text!r} is too long.") from exc
-    if ttl <= timedelta(0):
-        raise ConfigError(f"Duration {text!r} must be longer than zero.")
-    if ttl > MAX_TTL:
-        raise ConfigError(f"Duration {text!r} is longer than the maximum of {MAX_TTL.days} days.")
-    return ttl
+    """A token lifetime like "8h", "30m", "7d" or "1h30m" (at most a year)."""
+    return parse_duration(text, maximum=MAX_TTL, what="Token lifetime")
 
 
 def _load_private_key(pem: bytes) -> PrivateKey:
@@ -117,6 +102,6 @@ def _load_private_key(pem: bytes) -> PrivateKey:
 
 def _same_key(public_key: Any, path: Any) -> bool:
     def der(key: Any) -> bytes:
-        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return bytes(key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
 
     return der(public_key) == der(load_public_key(path))

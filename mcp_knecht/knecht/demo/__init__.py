@@ -16,13 +16,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.errors import ConflictError
 from mcp_knecht.knecht.demo.catalogue import PROJECTS, WORKFLOW_ACTIONS, WORKFLOW_INPUTS, _insert_catalogue
 from mcp_knecht.knecht.demo.common import BASE_TIME, FAILING_ACTION, FAILURE_KINDS, SPAN, USERS
 from mcp_knecht.knecht.demo.logs import _grow_log
 from mcp_knecht.knecht.demo.runs import _RunGenerator
 from mcp_knecht.knecht.demo.writer import _Writer
-from mcp_knecht.store.database import Database
 
 __all__ = [
     "BASE_TIME",

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from mcp_knecht.core.database import Transaction
 from mcp_knecht.knecht.demo.common import BASE_TIME, SPAN, USERS, _iso, _sha, _token
 from mcp_knecht.knecht.demo.stacks import GO, NODE, PYTHON, RUST, TERRAFORM, _Stack
-from mcp_knecht.store.database import Transaction
 
 
 @dataclass(frozen=True)

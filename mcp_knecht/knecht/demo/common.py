@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
+from mcp_knecht.core.clock import timestamp
+
 BASE_TIME = datetime(2026, 11, 1, tzinfo=UTC)
 BATCH_ROWS = 5_000
 SPAN = timedelta(days=60)  # runs are spread over this window after BASE_TIME, whatever their count
@@ -34,7 +36,7 @@ SCHEDULER = "knecht-scheduler"
 
 
 def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timestamp(moment)
 
 
 def _sha(rng: random.Random) -> str:

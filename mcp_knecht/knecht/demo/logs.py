@@ -7,9 +7,9 @@ import random
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.knecht.demo.catalogue import WORKFLOW_ACTIONS, _Project
 from mcp_knecht.knecht.demo.common import BASE_TIME, BATCH_ROWS, _iso
-from mcp_knecht.store.database import Database
 
 
 def _action_log(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.knecht.demo.common import BATCH_ROWS
-from mcp_knecht.store.database import Database
 
 
 class _Writer:

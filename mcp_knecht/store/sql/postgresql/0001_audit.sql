@@ -1,5 +1,5 @@
 -- Every gate outcome and every decision. Append-only; each row's hash covers the previous
--- row's hash, so an edited or deleted row breaks the chain. Mirrors sql/sqlite/0002_audit.sql.
+-- row's hash, so an edited or deleted row breaks the chain. Mirrors sql/sqlite/0001_audit.sql.
 -- Ids are the chain's positions, assigned by the writer under tx.lock('audit_log'), and
 -- duration_ms is DOUBLE PRECISION so a value reads back exactly as hashed.
 CREATE TABLE audit_log (

@@ -1,8 +1,9 @@
-"""The store interface every backend implements (SQLite now, PostgreSQL later).
+"""The database interface: what the core and the toolsets may ask of a store.
 
-SQL is written once with `?` placeholders; a backend translates them to its own
-paramstyle. Rows come back as plain dicts. Dialect differences live in the backend
-module and in `sql/<dialect>/` migrations, never in callers.
+Two backends implement it (`mcp_knecht.store`: SQLite, PostgreSQL). SQL is written once with `?`
+placeholders; a backend translates them to its own paramstyle. Rows come back as plain dicts.
+Dialect differences live in the backend module and in `sql/<dialect>/` migrations, never in
+callers.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ class Database(Protocol):
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]: ...
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None: ...
     def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]: ...
-    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
-        """A write transaction that takes the write lock at once (no upgrade deadlocks)."""
+    def transaction(self, *, durable: bool = False) -> AbstractAsyncContextManager[Transaction]:
+        """A write transaction that takes the write lock at once (no upgrade deadlocks).
+
+        `durable`: the commit survives a power loss, not only a crash of the process (proposals and
+        decisions ask for it; SQLite then syncs its WAL on this commit, PostgreSQL always does)."""
         ...
 
     async def close(self) -> None: ...

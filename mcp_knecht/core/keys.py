@@ -1,0 +1,62 @@
+"""The server key: one secret from which every keyed check derives its own key.
+
+    keys = load_server_keys(settings)
+    keys.mac("seal", text)        # a proposal's seal
+    keys.mac("arguments", text)   # the arguments hash operators compare (`--expect-hash`)
+    keys.mac("audit", text)       # a link of the audit chain
+
+Keyed, because someone who can read (or write) the database must not be able to recompute them:
+a plain hash of a proposal's arguments would let its proposer test guesses of a secret offline,
+and a plain hash chain can be recomputed after an edit. The key is `KNECHT_SERVER_KEY` (at least 32
+bytes), else `server-key` in the data dir, made at first start with mode 0600. Every process that
+stages, decides or verifies — each replica, `knecht-approve` in direct mode, `audit verify` — needs
+the same key: on one machine the shared data dir does it; replicas on several hosts set the variable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+
+from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
+from mcp_knecht.core.settings import SERVER_KEY, Settings
+from mcp_knecht.errors import ConfigError
+
+KEY_FILENAME = "server-key"
+MIN_KEY_BYTES = 32
+Purpose = str
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    secret: bytes = field(repr=False)
+    _derived: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < MIN_KEY_BYTES:
+            raise ConfigError(f"The server key must be at least {MIN_KEY_BYTES} bytes long.")
+
+    def _key(self, purpose: Purpose) -> bytes:
+        if (key := self._derived.get(purpose)) is None:
+            key = hmac.new(self.secret, b"mcp-knecht/" + purpose.encode(), hashlib.sha256).digest()
+            self._derived[purpose] = key
+        return key
+
+    def mac(self, purpose: Purpose, message: str) -> str:
+        """HMAC-SHA256 of `message` under the key for `purpose`, hex."""
+        return hmac.digest(self._key(purpose), message.encode("utf-8", "surrogatepass"), "sha256").hex()
+
+    def verify(self, purpose: Purpose, message: str, mac: str | None) -> bool:
+        return mac is not None and hmac.compare_digest(self.mac(purpose, message), mac)
+
+
+def load_server_keys(settings: Settings) -> ServerKeys:
+    if explicit := settings.server_key:
+        if len(explicit.encode()) < MIN_KEY_BYTES:
+            raise ConfigError(f"{SERVER_KEY.name} must be at least {MIN_KEY_BYTES} bytes long.")
+        return ServerKeys(explicit.encode())
+    path = settings.data_dir / KEY_FILENAME
+    if not path.exists():
+        create_secret_file(path)
+    return ServerKeys(read_secret_file(path, what="server key", min_bytes=MIN_KEY_BYTES).encode())

@@ -1,0 +1,204 @@
+"""Settings: every `KNECHT_*` variable declared once — its flag, its default, what it means — and
+read here, and only here.
+
+    settings = load_settings(db="sqlite:///tmp/k.db")      # flags win over the environment
+    settings.database_url, settings.proposal_ttl, settings.config_dir, …
+
+`VARIABLES` is the table; the README's configuration table is checked against it by a test. A
+setting is added with one `Variable(...)` row and one field of `Settings`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from mcp_knecht.core.durations import parse_duration
+from mcp_knecht.errors import ConfigError, UsageError
+
+DEFAULT_TOOLSETS = ("mcp_knecht.knecht:toolset",)
+DEFAULT_PROPOSAL_TTL = timedelta(hours=24)
+"""How long a proposal waits for a decision before it expires."""
+DEFAULT_ISSUER = "mcp-knecht"
+DEFAULT_AUDIENCE = "mcp-knecht"
+MAX_PROPOSAL_TTL = timedelta(days=30)
+
+_INSTALLATION = Path(__file__).resolve().parents[2]
+"""The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    field: str
+    """The attribute of `Settings` that holds its value."""
+    help: str
+    default: str = ""
+    """The default as documented ("" when unset means "none")."""
+    flag: str | None = None
+    parse: Callable[[str], Any] = str
+
+
+def _toolsets(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip()) or DEFAULT_TOOLSETS
+
+
+def _proposal_ttl(text: str) -> timedelta:
+    try:
+        return parse_duration(text, maximum=MAX_PROPOSAL_TTL, what="Proposal lifetime (KNECHT_PROPOSAL_TTL)")
+    except UsageError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def _operator_auth(text: str) -> str:
+    if text not in ("local", "token"):
+        raise ConfigError(f"KNECHT_OPERATOR_AUTH must be 'local' or 'token', not {text!r}.")
+    return text
+
+
+def _path(text: str) -> Path:
+    return Path(text).expanduser()
+
+
+DATABASE_URL = Variable("KNECHT_DATABASE_URL", "database_url", "the store: sqlite:///PATH or postgresql://…",
+    "sqlite:///<data dir>/knecht.db", flag="--db")
+CONFIG_DIR = Variable("KNECHT_CONFIG_DIR", "config_dir", "folder with policies.toml and scopes/",
+    "the installation's own (the source checkout)", flag="--config", parse=_path)
+DATA_DIR = Variable("KNECHT_DATA_DIR", "data_dir", "where generated files live (database, dev secret, keys)",
+    "$XDG_DATA_HOME/mcp-knecht or ~/.local/share/mcp-knecht", parse=_path)
+TOOLSETS = Variable("KNECHT_TOOLSETS", "toolsets", "comma-separated `module:function` toolsets to serve",
+    ",".join(DEFAULT_TOOLSETS), parse=_toolsets)
+PROPOSAL_TTL = Variable("KNECHT_PROPOSAL_TTL", "proposal_ttl", "how long a proposal waits for a decision", "24h",
+    parse=_proposal_ttl)
+TOKEN = Variable("KNECHT_TOKEN", "token", "the client's JWT (stdio)")
+JWT_SECRET = Variable("KNECHT_JWT_SECRET", "jwt_secret", "HS256 signing secret (at least 32 bytes)",
+    "a generated dev secret <data dir>/jwt-secret")
+JWT_PUBLIC_KEY = Variable("KNECHT_JWT_PUBLIC_KEY", "jwt_public_key", "PEM public key (path) that verifies tokens",
+    parse=_path)
+JWKS_URL = Variable("KNECHT_JWKS_URL", "jwks_url", "JWKS URL whose keys verify tokens")
+JWT_ISSUER = Variable("KNECHT_JWT_ISSUER", "jwt_issuer", "the `iss` tokens must carry", DEFAULT_ISSUER)
+JWT_AUDIENCE = Variable("KNECHT_JWT_AUDIENCE", "jwt_audience", "the `aud` tokens must carry", DEFAULT_AUDIENCE)
+SERVER_KEY = Variable("KNECHT_SERVER_KEY", "server_key",
+    "key of proposal seals, argument hashes and the audit chain (≥ 32 bytes)",
+    "a generated key <data dir>/server-key")
+OPERATOR_AUTH = Variable("KNECHT_OPERATOR_AUTH", "operator_auth",
+    "`token`: every decision needs a verified operator token; `local`: the CLI may decide as --as NAME", "local",
+    parse=_operator_auth)
+OPERATOR_TOKEN = Variable("KNECHT_OPERATOR_TOKEN", "operator_token", "an operator's JWT for knecht-approve")
+SERVER_URL = Variable("KNECHT_SERVER_URL", "server_url", "knecht-approve: decide through this server's API",
+    flag="--server")
+ENTITIES_KEY = Variable("KNECHT_ENTITIES_KEY", "entities_key", "key of the entities row fingerprints (≥ 32 bytes)",
+    "a generated key <data dir>/entities-key")
+WEBHOOK_URL = Variable("KNECHT_WEBHOOK_URL", "webhook_url", "notifications: POST every proposal event here (signed)")
+WEBHOOK_SECRET = Variable("KNECHT_WEBHOOK_SECRET", "webhook_secret",
+    "notifications: the Standard Webhooks signing secret (whsec_…), required with the URL")
+
+VARIABLES: tuple[Variable, ...] = (
+    DATABASE_URL,
+    CONFIG_DIR,
+    DATA_DIR,
+    TOOLSETS,
+    PROPOSAL_TTL,
+    TOKEN,
+    JWT_SECRET,
+    JWT_PUBLIC_KEY,
+    JWKS_URL,
+    JWT_ISSUER,
+    JWT_AUDIENCE,
+    SERVER_KEY,
+    OPERATOR_AUTH,
+    OPERATOR_TOKEN,
+    SERVER_URL,
+    ENTITIES_KEY,
+    WEBHOOK_URL,
+    WEBHOOK_SECRET,
+)
+BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    config_dir: Path
+    database_url: str
+    toolsets: tuple[str, ...] = DEFAULT_TOOLSETS
+    proposal_ttl: timedelta = DEFAULT_PROPOSAL_TTL
+    token: str | None = field(default=None, repr=False)
+    jwt_secret: str | None = field(default=None, repr=False)
+    jwt_public_key: Path | None = None
+    jwks_url: str | None = None
+    jwt_issuer: str = DEFAULT_ISSUER
+    jwt_audience: str = DEFAULT_AUDIENCE
+    server_key: str | None = field(default=None, repr=False)
+    operator_auth: str = "local"
+    """`token`: decisions need a verified operator token everywhere (team deployments)."""
+    operator_token: str | None = field(default=None, repr=False)
+    server_url: str | None = None
+    entities_key: str | None = field(default=None, repr=False)
+    webhook_url: str | None = field(default=None, repr=False)
+    webhook_secret: str | None = field(default=None, repr=False)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The whole environment, for names a config file declares (an entity's `database_env`, a
+    notification channel's `${NAME}`)."""
+
+    @property
+    def scopes_dir(self) -> Path:
+        return self.config_dir / "scopes"
+
+    @property
+    def policy_file(self) -> Path:
+        return self.config_dir / "policies.toml"
+
+
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    if explicit := env.get(DATA_DIR.name):
+        return Path(explicit).expanduser()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mcp-knecht"
+
+
+def _has_config(folder: Path) -> bool:
+    return (folder / "scopes" / "catalogue.toml").is_file()
+
+
+def find_config_dir(explicit: str | None) -> Path:
+    """`--config` or `KNECHT_CONFIG_DIR`, else the installation's own defaults — never the working
+    directory: a repository that ships a permissive policies.toml must not switch approval off."""
+    if explicit:
+        folder = Path(explicit).expanduser()
+        if not _has_config(folder):
+            raise ConfigError(f"Config dir {folder} has no scopes/catalogue.toml.")
+        return folder.resolve()
+    if _has_config(_INSTALLATION):
+        return _INSTALLATION
+    raise ConfigError(
+        "No config dir: pass --config DIR or set KNECHT_CONFIG_DIR to a folder holding policies.toml and "
+        "scopes/ (the repository's root is one)."
+    )
+
+
+def load_settings(
+    *, db: str | None = None, config: str | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from flags (`db`, `config`) over the environment (`env`, default `os.environ`)."""
+    from mcp_knecht.core.database_url import normalise
+
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    for declared in VARIABLES:
+        raw = env.get(declared.name, "").strip()
+        if raw and declared.field not in ("data_dir", "config_dir", "database_url"):
+            values[declared.field] = declared.parse(raw)
+    data_dir = default_data_dir(env)
+    url = db or env.get(DATABASE_URL.name) or f"sqlite:///{data_dir / 'knecht.db'}"
+    return Settings(
+        data_dir=data_dir,
+        config_dir=find_config_dir(config or env.get(CONFIG_DIR.name)),
+        database_url=normalise(url),
+        env=env,
+        **values,
+    )

@@ -1,0 +1,161 @@
+"""The store's change feeds (`core.changes.ChangeFeed`): LISTEN/NOTIFY on PostgreSQL, polling elsewhere.
+
+- `PollingFeed` (SQLite, or any store): wakes every `interval` seconds.
+- `PgChangeFeed` (PostgreSQL): one LISTEN connection per server process, listening on channel
+  `knecht_<topic>` for each topic someone watches. The NOTIFY comes from a trigger (e.g. on
+  `proposals`, sql/postgresql/0002) in whichever process or replica commits the change. If that
+  connection is lost it falls back to polling and reconnects on the next wait. Even while
+  listening it wakes after `recheck` seconds, as a safety net.
+
+`open_change_feed(db)` picks the one that fits the store; its owner closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from mcp_knecht.core.changes import ChangeFeed, Wakeups
+from mcp_knecht.core.database import Database
+from mcp_knecht.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL = 0.25
+RECHECK_SECONDS = 5.0
+
+
+def channel(topic: str) -> str:
+    return f"knecht_{topic}"
+
+
+class _Polling:
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+
+    async def wait(self, timeout: float) -> bool:
+        await anyio.sleep(max(0.0, min(self._interval, timeout)))
+        return True
+
+
+class PollingFeed:
+    """No push channel: wake every `interval` seconds and let the caller read again."""
+
+    def __init__(self, interval: float = POLL_INTERVAL) -> None:
+        self._interval = interval
+
+    @asynccontextmanager
+    async def watching(self, topic: str, key: int | None = None) -> AsyncIterator[Wakeups]:
+        yield _Polling(self._interval)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Subscription:
+    def __init__(self, feed: PgChangeFeed) -> None:
+        self._feed = feed
+        self.event = anyio.Event()
+
+    def fire(self) -> None:
+        self.event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        if not self._feed.listening:
+            self.event = anyio.Event()
+            return await _Polling(self._feed.poll_interval).wait(timeout)
+        with anyio.move_on_after(max(0.0, min(timeout, self._feed.recheck))):
+            await self.event.wait()
+        fired = self.event.is_set()
+        self.event = anyio.Event()
+        return fired
+
+
+class PgChangeFeed:
+    """LISTEN on one dedicated connection; wake the subscribers of a topic and key."""
+
+    def __init__(self, db: Any, *, recheck: float = RECHECK_SECONDS, poll_interval: float = POLL_INTERVAL) -> None:
+        """`db`: a `PostgresDatabase` (its `listen(channel, callback)` opens the connection)."""
+        self._db = db
+        self.recheck = recheck
+        self.poll_interval = poll_interval
+        self._conn: Any = None
+        self._channels: set[str] = set()
+        self._start_lock = anyio.Lock()
+        self._subscribers: dict[tuple[str, int | None], set[_Subscription]] = {}  # key None: any
+        self.notifications = 0
+
+    @property
+    def listening(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    async def _ensure_listening(self, topic: str) -> None:
+        async with self._start_lock:
+            if not self.listening:
+                self._channels.clear()
+                try:
+                    self._conn = await self._db.listen()
+                except StoreError as exc:
+                    self._conn = None
+                    logger.warning("Cannot LISTEN for changes (%s); polling every %ss", exc.message,
+                                   self.poll_interval)
+                    return
+                self._conn.add_termination_listener(self._on_lost)
+            if channel(topic) not in self._channels:
+                try:
+                    await self._conn.add_listener(channel(topic), self._on_notify)
+                except Exception as exc:  # the connection broke while adding: poll until it is back
+                    logger.warning("Cannot LISTEN on %s (%s); polling", channel(topic), exc)
+                    return
+                self._channels.add(channel(topic))
+
+    def _on_notify(self, _conn: Any, _pid: int, name: str, payload: str) -> None:
+        self.notifications += 1
+        topic = name.removeprefix("knecht_")
+        try:
+            key: int | None = int(payload)
+        except ValueError:
+            key = None
+        for each in {(topic, key), (topic, None)}:
+            for subscription in self._subscribers.get(each, ()):
+                subscription.fire()
+
+    def _on_lost(self, _conn: Any) -> None:
+        logger.warning("The LISTEN connection was lost; polling until it is back")
+        for subscriptions in self._subscribers.values():
+            for subscription in subscriptions:
+                subscription.fire()  # read again now: a change may have been missed
+
+    @asynccontextmanager
+    async def watching(self, topic: str, key: int | None = None) -> AsyncIterator[Wakeups]:
+        await self._ensure_listening(topic)
+        subscription = _Subscription(self)
+        self._subscribers.setdefault((topic, key), set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            subscribers = self._subscribers.get((topic, key))
+            if subscribers is not None:
+                subscribers.discard(subscription)
+                if not subscribers:
+                    del self._subscribers[(topic, key)]
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with anyio.CancelScope(shield=True):
+                try:
+                    await conn.close(timeout=5)
+                except Exception:  # closing a broken connection: nothing left to save
+                    conn.terminate()
+
+
+def open_change_feed(db: Database) -> ChangeFeed:
+    """LISTEN/NOTIFY on PostgreSQL, polling elsewhere. The caller closes it."""
+    if db.dialect == "postgresql":
+        return PgChangeFeed(db)
+    return PollingFeed()
