@@ -67,10 +67,8 @@ class SqlProposalRepository:
         self._chain = chain
         self._on_status = on_status
 
-    async def _changed(self, tx: Transaction, proposal_id: int) -> None:
+    async def _changed(self, tx: Transaction, row: Row) -> None:
         if self._on_status is not None:
-            row = await tx.fetch_one(f"{_SELECT} WHERE id = ?", (proposal_id,))
-            assert row is not None
             await self._on_status(tx, _proposal(row, clock.timestamp()))
 
     async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
@@ -90,7 +88,7 @@ class SqlProposalRepository:
             row = await tx.fetch_one(
                 "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, arguments_shown,"
                 " proposer_subject, proposer_client, proposer_scopes, rule, preview_json, status, created_at,"
-                " expires_at, seal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) RETURNING id",
+                " expires_at, seal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) RETURNING *",
                 (
                     proposal.tool, proposal.action, proposal.arguments_json, arguments_hash,
                     proposal.arguments_shown, subject, proposal.proposer.client,
@@ -102,7 +100,7 @@ class SqlProposalRepository:
             assert row is not None
             proposal_id = int(row["id"])
             await self._chain.append(tx, [replace(staged, proposal_id=proposal_id)])
-            await self._changed(tx, proposal_id)
+            await self._changed(tx, row)
         return proposal_id, True
 
     async def get(self, proposal_id: int) -> Proposal | None:
@@ -126,15 +124,15 @@ class SqlProposalRepository:
         )
         return [_proposal(row, now) for row in rows]
 
-    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None,
-                      proposal_id: int) -> bool:
+    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None) -> bool:
         """One conditional UPDATE; its audit row commits with it, and only if it changed a row."""
         async with self._db.transaction(durable=True) as tx:
-            if await tx.execute(sql, params) != 1:
+            changed = await tx.fetch_all(f"{sql} RETURNING *", params)
+            if len(changed) != 1:
                 return False
             if audit is not None:
                 await self._chain.append(tx, [audit])
-            await self._changed(tx, proposal_id)
+            await self._changed(tx, changed[0])
             return True
 
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
@@ -154,20 +152,20 @@ class SqlProposalRepository:
         return await self._update(
             "UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ?"
             " WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?",
-            (operator, now, proposal_id, now, operator), audit, proposal_id,
+            (operator, now, proposal_id, now, operator), audit,
         )
 
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'rejected', decided_by = ?, decided_at = ?, reason = ?"
             " WHERE id = ? AND status = 'pending' AND expires_at > ?",
-            (operator, now, reason, proposal_id, now), audit, proposal_id,
+            (operator, now, reason, proposal_id, now), audit,
         )
 
     async def start_execution(self, proposal_id: int, now: str) -> bool:
         return await self._update(
             "UPDATE proposals SET status = 'executing', started_at = ? WHERE id = ? AND status = 'approved'",
-            (now, proposal_id), None, proposal_id,
+            (now, proposal_id), None,
         )
 
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
@@ -175,7 +173,7 @@ class SqlProposalRepository:
         return await self._update(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
-            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit, proposal_id,
+            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit,
         )
 
     async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
