@@ -343,7 +343,7 @@ def main() -> int:
     args = parser.parse_args()
     import logging
 
-    logging.getLogger("mcp_knecht.store.notify").setLevel(logging.ERROR)  # each dropped database's LISTEN
+    logging.getLogger("mcp_knecht.store.changes").setLevel(logging.ERROR)  # each dropped database's LISTEN
     results: dict[str, Any] = {}
     for kind in args.stores:
         progress(f"{kind}: latency, {len(VARIANTS)} variants x {args.rounds} rounds x {args.calls} calls")
