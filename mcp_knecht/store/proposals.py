@@ -99,8 +99,8 @@ class SqlProposalRepository:
             )
             assert row is not None
             proposal_id = int(row["id"])
+            await self._changed(tx, row)  # before the audit chain takes its (global) lock
             await self._chain.append(tx, [replace(staged, proposal_id=proposal_id)])
-            await self._changed(tx, row)
         return proposal_id, True
 
     async def get(self, proposal_id: int) -> Proposal | None:
@@ -130,9 +130,9 @@ class SqlProposalRepository:
             changed = await tx.fetch_all(f"{sql} RETURNING *", params)
             if len(changed) != 1:
                 return False
+            await self._changed(tx, changed[0])  # before the audit chain takes its (global) lock
             if audit is not None:
                 await self._chain.append(tx, [audit])
-            await self._changed(tx, changed[0])
             return True
 
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
@@ -141,11 +141,11 @@ class SqlProposalRepository:
                 "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING *",
                 (now,),
             )
-            expired = [_proposal(row, now) for row in rows]
-            await self._chain.append(tx, [audit(p) for p in sorted(expired, key=lambda p: p.id)])
+            expired = sorted((_proposal(row, now) for row in rows), key=lambda p: p.id)
             if self._on_status is not None:
-                for proposal in sorted(expired, key=lambda p: p.id):
+                for proposal in expired:
                     await self._on_status(tx, proposal)
+            await self._chain.append(tx, [audit(p) for p in expired])
         return expired
 
     async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
