@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import anyio
 
 from mcp_knecht.core.approval import ApprovalService
+from mcp_knecht.core.audit import Observer
 from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.keys import ServerKeys, load_server_keys
@@ -24,6 +25,7 @@ from mcp_knecht.core.settings import Settings
 from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
+from mcp_knecht.errors import ConfigError
 from mcp_knecht.notify import OutboxWriter, notification_worker
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, AuditLog
@@ -91,7 +93,8 @@ async def load_toolsets(context: ToolsetContext) -> list[Toolset]:
 
 
 async def assemble(
-    settings: Settings, db: Database, audit: AuditLog, changes: ChangeFeed, *, extra_tools: Iterable[Tool] = ()
+    settings: Settings, db: Database, audit: AuditLog, changes: ChangeFeed, *, extra_tools: Iterable[Tool] = (),
+    observe: Observer | None = None,
 ) -> App:
     """Everything but the background tasks; fails closed on any config problem (and then releases
     whatever the toolsets had opened)."""
@@ -107,13 +110,16 @@ async def assemble(
         prompts = tuple(prompt for ts in toolsets for prompt in ts.prompts)
         for prompt in prompts:
             catalogue.check_known([prompt.scope], f"prompt {prompt.name}")
+            if missing := [name for name in prompt.tools if name not in registry]:
+                raise ConfigError(f"Prompt {prompt.name} names tools this server does not serve: "
+                                  f"{', '.join(missing)}.")
         policy = PolicySource(settings.policy_file, registry)
     except BaseException:
         await _close(toolsets)
         raise
     stager = ProposalStager(proposals, keys, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets,
-                hash_arguments=lambda text: keys.mac("arguments", text))
+                hash_arguments=lambda text: keys.mac("arguments", text), observe=observe)
     # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
     watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
@@ -135,13 +141,14 @@ async def _expire_proposals(app: App) -> None:
 
 @asynccontextmanager
 async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
-                   watch_policy: bool = True) -> AsyncIterator[App]:
+                   watch_policy: bool = True, observe: Observer | None = None) -> AsyncIterator[App]:
+    """The assembled app with its background tasks; `observe` sees every gate outcome (monitoring)."""
     keys = load_server_keys(settings)
     db = await open_database(settings.database_url)
     changes = open_change_feed(db)
     try:
         audit = AuditLog(db, AuditChain(keys))
-        app = await assemble(settings, db, audit, changes, extra_tools=extra_tools)
+        app = await assemble(settings, db, audit, changes, extra_tools=extra_tools, observe=observe)
         try:  # servers deliver notifications ([notify] checked now: fails closed); the CLIs only write the outbox
             notifications = notification_worker(app) if watch_policy else None
         except BaseException:

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.changes import ChangeFeed
-from mcp_knecht.core.proposals import DECIDED, OPEN, STATUSES, Proposal, ProposalRepository
+from mcp_knecht.core.proposals import DECIDED, OPEN, STATUSES, Proposal, ProposalRepository, Status
 from mcp_knecht.core.toolset import (
     InvalidArgumentsError,
     NotFoundError,
@@ -36,9 +36,8 @@ class GetProposalInput(ToolInput):
 
 
 class ListProposalsInput(ToolInput):
-    status: str | None = Field(
-        default=None, pattern="^(" + "|".join(STATUSES) + ")$",
-        description="Only proposals with this status: " + ", ".join(STATUSES) + ".",
+    status: Status | None = Field(
+        default=None, description="Only proposals with this status: " + ", ".join(STATUSES) + ".",
     )
     limit: int = Field(default=20, ge=1, le=50, description="How many, newest first (1-50).")
     unseen: bool = Field(
@@ -104,9 +103,9 @@ def followup_tools(proposals: ProposalRepository, changes: ChangeFeed) -> list[T
 
     return [
         Tool(name="get_proposal", description=GET_PROPOSAL, scope="proposals:read", input_model=GetProposalInput,
-             handler=get_proposal),
+             handler=get_proposal, title="Get one of your proposals"),
         Tool(name="list_proposals", description=LIST_PROPOSALS, scope="proposals:read",
-             input_model=ListProposalsInput, handler=list_proposals),
+             input_model=ListProposalsInput, handler=list_proposals, title="List your proposals"),
     ]
 
 

@@ -6,10 +6,14 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from mcp_knecht import testing
+from mcp_knecht.app import App
+from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database
 from mcp_knecht.errors import ConflictError
 from mcp_knecht.knecht import open_store
@@ -56,21 +60,66 @@ async def _digest(db: Database) -> str:
     return sha.hexdigest()
 
 
-async def _filled_digest(path: Path, seed: int) -> str:
+NOW = datetime(2027, 3, 14, 9, 26, 53, tzinfo=UTC)
+
+
+async def _filled_digest(path: Path, seed: int, now: datetime = NOW) -> str:
     db = await _open(path)
     try:
-        await fill_demo_data(db, seed=seed, runs=200)
+        await fill_demo_data(db, seed=seed, runs=200, now=now)
         return await _digest(db)
     finally:
         await db.close()
 
 
-async def test_same_seed_gives_the_same_rows_and_another_seed_does_not(tmp_path: Path) -> None:
+async def test_same_seed_and_clock_give_the_same_rows_and_another_seed_or_day_does_not(tmp_path: Path) -> None:
     first = await _filled_digest(tmp_path / "a.db", seed=7)
-    again = await _filled_digest(tmp_path / "b.db", seed=7)
+    again = await _filled_digest(tmp_path / "b.db", seed=7, now=NOW + timedelta(seconds=5))  # same minute
     other = await _filled_digest(tmp_path / "c.db", seed=8)
+    later = await _filled_digest(tmp_path / "d.db", seed=7, now=NOW + timedelta(days=1))
     assert first == again
-    assert first != other
+    assert first != other and first != later
+
+
+_STAMPS = {
+    "runs": ("queued_at", "started_at", "finished_at"),
+    "actions": ("started_at", "finished_at"),
+    "workflow_versions": ("created_at",),
+    "workflows": ("created_at",),
+    "projects": ("created_at",),
+    "project_variables": ("updated_at",),
+}
+
+
+@pytest.mark.parametrize("now", [None, datetime(2031, 7, 1, tzinfo=UTC)], ids=["the real clock", "in 2031"])
+async def test_demo_data_is_dated_in_the_two_months_before_now(tmp_path: Path, now: datetime | None) -> None:
+    db = await _open(tmp_path / "demo.db")
+    try:
+        before = clock.timestamp(now)
+        await fill_demo_data(db, runs=300, now=now)
+        after = clock.timestamp(now + timedelta(seconds=1) if now else None)
+        for table, columns in _STAMPS.items():
+            for column in columns:
+                row = await db.fetch_one(f"SELECT MAX({column}) AS newest FROM {table}")
+                assert row is not None and row["newest"] <= after, (table, column, row)
+        runs = await db.fetch_one("SELECT MIN(queued_at) AS oldest, MAX(queued_at) AS newest FROM runs")
+        assert runs is not None
+        reference = now or datetime.now(UTC)
+        assert clock.parse(runs["newest"]) > reference - timedelta(minutes=30)  # something is queued right now
+        assert clock.parse(runs["oldest"]) < reference - timedelta(days=55)
+        finished = await db.fetch_one("SELECT MAX(finished_at) AS newest FROM runs")
+        assert finished is not None and finished["newest"] < before
+    finally:
+        await db.close()
+
+
+async def test_a_rerun_made_now_is_newer_than_every_demo_run(app: App) -> None:
+    async with testing.connect(app, testing.actor("erin", ["runs:write", "runs:read"])) as client:
+        staged = await client.call_tool("rerun_run", {"run_id": 5})
+    proposal = await testing.approve(app, staged.structured_content["id"])  # type: ignore[index]
+    assert proposal.status == "succeeded" and proposal.result is not None, proposal.error
+    newest = await app.db.fetch_one("SELECT id, rerun_of FROM runs ORDER BY queued_at DESC, id DESC LIMIT 1")
+    assert newest == {"id": proposal.result["run"]["id"], "rerun_of": 5}
 
 
 async def test_default_fill_is_fast_and_reports_progress(tmp_path: Path) -> None:

@@ -414,14 +414,15 @@ async def test_every_tool_is_listed_with_a_description_for_a_model(kn: Knecht) -
         assert "staged" in tools[name].description
 
 
-async def test_the_diagnose_run_prompt() -> None:
-    from mcp_knecht.errors import InvalidArgumentsError
-    from mcp_knecht.knecht.prompts import knecht_prompts
+async def test_the_diagnose_run_prompt(app: App) -> None:
+    from mcp_knecht.errors import InvalidArgumentsError, NotFoundError
 
-    [prompt] = knecht_prompts()
+    [prompt] = app.prompts
     text = await prompt.render({"run_id": "42"})
     for step in ("get_run(run_id=42)", "get_action_log", "earlier actions", "get_workflow", "one or two sentences",
                  "actions: [id, ...]"):
         assert step in text
     with pytest.raises(InvalidArgumentsError):
         await prompt.render({"run_id": "latest"})
+    with pytest.raises(NotFoundError, match="Run 999999 does not exist"):
+        await prompt.render({"run_id": "999999"})

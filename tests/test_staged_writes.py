@@ -36,7 +36,7 @@ async def propose(client, label: str = "deploy-1") -> int:  # type: ignore[no-un
     result = await client.call_tool("record_effect", {"label": label})
     assert not result.is_error, result.content[0].text
     proposal_id = result.structured_content["id"]
-    assert result.content[0].text == f"Submitted for approval (#{proposal_id})."
+    assert result.content[0].text.startswith(f"Submitted for approval (#{proposal_id}). ")
     assert result.structured_content["status"] == "pending"
     return int(proposal_id)
 

@@ -59,17 +59,20 @@ def test_a_refused_token_stops_the_server_with_the_reason(  # type: ignore[no-un
 
 
 async def test_a_stdio_session_does_not_outlive_its_token(demo_env: dict[str, str], mint: Callable[..., str]) -> None:
-    """Valid at start (inside the 30 s clock leeway), expired beyond it a few seconds later: the next
-    call is refused and says why, as over HTTP."""
+    """Valid at start (inside the 30 s clock leeway), expired beyond it a little later: the next call
+    is refused and says why, as over HTTP."""
+    import time
+
     import anyio
 
-    almost = mint("dave", ["projects:read"], ttl=timedelta(seconds=60),
-                  now=datetime.now(UTC) - timedelta(seconds=60 + 30 - 4))
+    valid_until = time.time() + 15  # expiry + the verifier's 30 s leeway: room for a slow cold start
+    expires = datetime.fromtimestamp(int(valid_until) - 30, UTC)
+    almost = mint("dave", ["projects:read"], ttl=timedelta(seconds=60), now=expires - timedelta(seconds=60))
     params = StdioServerParameters(command=knecht_executable(), args=["serve"],
                                    env=server_env(demo_env, KNECHT_TOKEN=almost))
     async with Client(params) as client:
         assert not (await client.call_tool("list_projects", {})).is_error
-        await anyio.sleep(5)
+        await anyio.sleep(max(0.0, int(valid_until) + 1.5 - time.time()))
         late = await client.call_tool("list_projects", {})
         assert late.is_error and "expired" in late.content[0].text and "token mint" in late.content[0].text
         assert (await client.list_tools()).tools == []

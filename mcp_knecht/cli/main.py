@@ -9,9 +9,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mcp_knecht.cli.errors import EXIT_OK, EXIT_USAGE, report, say
 from mcp_knecht.errors import KnechtError
+
+if TYPE_CHECKING:
+    from mcp_knecht.core.settings import LogFormat
 
 _EPILOG = """\
 examples:
@@ -22,6 +26,7 @@ examples:
   mcp-knecht serve --transport http --port 8765
   mcp-knecht policy explain rerun_run        which rule decides, and why
   mcp-knecht audit verify                    check the audit hash chain
+  mcp-knecht login-link --sub bob --profile operator   sign a person in to the web page
   mcp-knecht notify test                     a test message to every notification channel
 """
 
@@ -48,52 +53,82 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
     settings = _settings(args)
+    log_format = args.log_format or settings.log_format
     token_settings = _token_settings(settings)
     from mcp_knecht.core.auth import TokenVerifier
 
     verifier = TokenVerifier(token_settings)
     if args.transport == "stdio":
-        token = (settings.token or "").strip()
-        if not token:
-            say(
-                "mcp-knecht: KNECHT_TOKEN is not set. Mint a token and pass it in the environment:\n"
-                "  export KNECHT_TOKEN=$(mcp-knecht token mint --sub $USER --profile claude-code)"
-            )
-            return EXIT_USAGE
         from mcp_knecht.errors import AuthError
 
+        token = (settings.token or "").strip()
+        if not token:
+            return _refuse_stdio("KNECHT_TOKEN is not set")
         try:
             actor = verifier.verify(token)
         except AuthError as exc:
-            say(
-                f"mcp-knecht: KNECHT_TOKEN was refused: {exc.message}\n"
-                "Mint a new one with: mcp-knecht token mint --sub $USER --profile claude-code"
-            )
-            return EXIT_USAGE
-        return anyio.run(_serve_stdio, settings, actor, token_settings.leeway_seconds)
-    return anyio.run(_serve_http, settings, verifier, args)
+            return _refuse_stdio(f"KNECHT_TOKEN was refused: {exc.message.rstrip('.')}")
+        return anyio.run(_serve_stdio, settings, actor, token_settings.leeway_seconds, log_format)
+    return anyio.run(_serve_http, settings, verifier, args, log_format)
 
 
-async def _serve_stdio(settings, actor, leeway_seconds: int) -> int:  # type: ignore[no-untyped-def]
+def _refuse_stdio(problem: str) -> int:
+    """No usable token: say so on stderr, and to the client in-band (a session that only explains),
+    since clients such as Claude Code show "connection closed" and not the server's stderr."""
+    import anyio
+
+    from mcp_knecht.cli.quickstart import renew_hint
+    from mcp_knecht.transports.stdio import serve_refusal
+
+    message = (f"mcp-knecht cannot serve: {problem}.\nMint a new token and put it into this client's "
+               f"configuration (KNECHT_TOKEN):\n  {renew_hint()}")
+    say(message)
+    anyio.run(serve_refusal, message)
+    return EXIT_USAGE
+
+
+async def _serve_stdio(  # type: ignore[no-untyped-def]
+    settings, actor, leeway_seconds: int, log_format: LogFormat
+) -> int:
     from mcp_knecht.app import open_app
+    from mcp_knecht.observe import build_telemetry
     from mcp_knecht.transports.stdio import serve_stdio
 
-    async with open_app(settings) as app:
-        await serve_stdio(app, actor, leeway_seconds=leeway_seconds)
+    telemetry = build_telemetry(settings, log_format=log_format)
+    try:
+        async with open_app(settings, observe=telemetry.observe) as app:
+            telemetry.attach(app)
+            await serve_stdio(app, actor, leeway_seconds=leeway_seconds)
+    finally:
+        telemetry.close()
     return EXIT_OK
 
 
-async def _serve_http(settings, verifier, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+async def _serve_http(  # type: ignore[no-untyped-def]
+    settings, verifier, args: argparse.Namespace, log_format: LogFormat
+) -> int:
     from mcp_knecht.app import open_app
+    from mcp_knecht.observe import build_telemetry
     from mcp_knecht.transports.http import serve_http
 
-    async with open_app(settings) as app:
-        say(
-            f"mcp-knecht: serving MCP at http://{args.host}:{args.port}/mcp "
-            f"({'stateless' if args.stateless else 'sessions'}; database {settings.database_url})"
-        )
-        await serve_http(app, verifier, host=args.host, port=args.port, stateless=args.stateless,
-                         public_url=args.public_url)
+    telemetry = build_telemetry(settings, log_format=log_format, metrics=bool(settings.metrics_token))
+    try:
+        async with open_app(settings, observe=telemetry.observe) as app:
+            telemetry.attach(app)
+            monitoring = ", /metrics on" if telemetry.metrics else ""
+            announce = (f"mcp-knecht: serving MCP at http://{args.host}:{args.port}/mcp "
+                        f"({'stateless' if args.stateless else 'sessions'}{monitoring}; "
+                        f"database {settings.database_url})")
+            if log_format == "json":
+                import logging
+
+                logging.getLogger("mcp_knecht.serve").info(announce)
+            else:
+                say(announce)
+            await serve_http(app, verifier, host=args.host, port=args.port, stateless=args.stateless,
+                             public_url=args.public_url, metrics=telemetry.metrics, json_logs=log_format == "json")
+    finally:
+        telemetry.close()
     return EXIT_OK
 
 
@@ -168,17 +203,19 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     import anyio
 
     from mcp_knecht.cli.quickstart import prepare, print_client_config
+    from mcp_knecht.core.auth import parse_ttl
 
     settings = _settings(args)
+    ttl = parse_ttl(args.ttl)
     token_settings = _token_settings(settings)
-    token = anyio.run(prepare, settings, token_settings, args.sub)
-    print_client_config(settings, token, host=args.host, port=args.port)
+    token = anyio.run(prepare, settings, token_settings, args.sub, ttl)
+    print_client_config(settings, token, host=args.host, port=args.port, ttl=ttl)
     if args.no_serve:
         return EXIT_OK
     from mcp_knecht.core.auth import TokenVerifier
 
     args.stateless, args.public_url = False, None
-    return anyio.run(_serve_http, settings, TokenVerifier(token_settings), args)
+    return anyio.run(_serve_http, settings, TokenVerifier(token_settings), args, settings.log_format)
 
 
 # --- parser ------------------------------------------------------------------------------------
@@ -207,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--stateless", action="store_true",
                        help="HTTP without server-side sessions, for replicas behind a load balancer")
     serve.add_argument("--public-url", help="base URL clients use, if not http://HOST:PORT")
+    serve.add_argument("--log-format", choices=("text", "json"),
+                       help="stderr log: text (default, $KNECHT_LOG_FORMAT) or json, one event per gate outcome")
     _common(serve)
     serve.set_defaults(handler=_cmd_serve)
 
@@ -246,13 +285,17 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--sub", default=os.environ.get("USER") or "developer")
     quick.add_argument("--host", default="127.0.0.1")
     quick.add_argument("--port", type=int, default=8765)
+    quick.add_argument("--ttl", default="30d", help="lifetime of the printed token (default 30d)")
     quick.add_argument("--no-serve", action="store_true", help="print the config and exit")
     _common(quick)
     quick.set_defaults(handler=_cmd_quickstart)
 
-    from mcp_knecht.cli import admin, notify
+    from mcp_knecht.cli import notify
+    from mcp_knecht.cli.admin import add_commands
+    from mcp_knecht.cli.web import add_commands as add_web_commands
 
-    admin.add_commands(commands, _common)
+    add_commands(commands, _common)
+    add_web_commands(commands, _common)
     notify.add_commands(commands, _common)
     return parser
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -27,6 +28,11 @@ class AuditEntry:
     detail: dict[str, Any] = field(default_factory=dict)
     duration_ms: float | None = None
     at: str = field(default_factory=timestamp)
+
+
+Observer = Callable[[AuditEntry], None]
+"""Sees every gate outcome's audit entry after it is recorded (metrics, traces, log events); must
+not block, and its failures never reach the caller."""
 
 
 class AuditSink(Protocol):

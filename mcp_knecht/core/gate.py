@@ -6,7 +6,8 @@
       3. decide       policy for Tool.Action → Tool → default
       4. freeze       fill in what the call depends on (a commit SHA, a base version, a role)
       5. act          deny → refused; approve → staged as a proposal; auto → run
-      6. audit        every outcome, with the rule that decided it
+      6. audit        every outcome, with the rule that decided it; then `observe` (metrics, traces,
+                      log events) sees the same entry
 
 MCP calls, execution of approved proposals and in-server features all come through here.
 """
@@ -18,13 +19,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.audit import AuditEntry, AuditSink, Outcome
+from mcp_knecht.core.audit import AuditEntry, AuditSink, Observer, Outcome
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.core.policy import Decision, Policy
 from mcp_knecht.core.registry import Registry
@@ -106,6 +107,7 @@ class Gate:
         stager: Stager | None = None,
         scrub: Scrubber = _no_scrub,
         hash_arguments: Callable[[str], str] = sha256_hex,
+        observe: Observer | None = None,
     ) -> None:
         """`hash_arguments`: what identifies a call's canonical arguments to operators; the app
         passes a server-keyed MAC, so that nobody can test guesses of a staged value offline."""
@@ -115,6 +117,7 @@ class Gate:
         self._stager = stager
         self._scrub = scrub
         self.hash_arguments = hash_arguments
+        self._observe = observe
 
     def visible_tools(self, actor: Actor) -> list[Tool]:
         policy = self._policy()
@@ -151,9 +154,7 @@ class Gate:
             return self._finish(actor, source, started, frozen, name, action, decision)
         if decision.mode == "approve":
             result, call, recorded = await self._stage(actor, tool, action, frozen, decision, source, started)
-            if recorded:
-                return result
-            return self._finish(actor, source, started, result, name, action, decision, call=call)
+            return self._finish(actor, source, started, result, name, action, decision, call=call, recorded=recorded)
         result = await self.execute(actor, tool, frozen, source=source)
         return self._finish(actor, source, started, result, name, action, decision, validated=frozen)
 
@@ -213,10 +214,10 @@ class Gate:
         except Exception:
             return _internal_error(tool.name, "staging"), call, False
         if proposal.pop("created", True):
-            text = f"Submitted for approval (#{proposal['id']})."
+            text = f"Submitted for approval (#{proposal['id']}).{_follow_up(proposal)}"
         else:
             text = (f"Already pending approval (#{proposal['id']}): you proposed exactly this call before and it "
-                    "still waits for a decision; nothing new was staged.")
+                    f"still waits for a decision; nothing new was staged.{_follow_up(proposal)}")
         return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call, True
 
     def _tool_error(self, outcome: Outcome, exc: ToolError) -> GateResult:
@@ -253,7 +254,9 @@ class Gate:
         arguments: object = None,
         validated: BaseModel | None = None,
         call: FrozenCall | None = None,
+        recorded: bool = False,
     ) -> GateResult:
+        """Audit the outcome (unless it was `recorded` with its proposal) and show it to `observe`."""
         detail: dict[str, Any] = {}
         if result.error_code:
             detail["error"] = result.error_code
@@ -262,9 +265,19 @@ class Gate:
         arguments_hash = call.arguments_hash if call else None
         if validated is not None and arguments_hash is None and result.outcome in ("ran", "failed"):
             arguments_hash = self.hash_arguments(canonical_json(validated.model_dump(mode="json")))
-        self._audit.record(self._entry(actor, source, started, result.outcome, name, action, decision,
-                                       arguments_hash, detail))
+        entry = self._entry(actor, source, started, result.outcome, name, action, decision, arguments_hash, detail)
+        if not recorded:
+            self._audit.record(entry)
+        if self._observe is not None:
+            self._show(self._observe, entry, result)
         return result
+
+    def _show(self, observe: Observer, entry: AuditEntry, result: GateResult) -> None:
+        proposal_id = result.data.get("id") if result.outcome == "staged" and result.data else None
+        try:
+            observe(replace(entry, proposal_id=proposal_id) if isinstance(proposal_id, int) else entry)
+        except Exception:  # monitoring never decides whether a call succeeds
+            logger.exception("Observing the outcome of %s failed", entry.tool)
 
     @staticmethod
     def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: str, action: str | None,
@@ -281,6 +294,14 @@ class Gate:
             detail=detail,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+
+def _follow_up(proposal: dict[str, Any]) -> str:
+    """The staged result's one-line hint, in the text too (several clients show the model only the text)."""
+    hint = f" {proposal['next']}" if proposal.get("next") else ""
+    if isinstance(expires := proposal.get("expires_at"), str):
+        hint += f" It expires at {expires[:16].replace('T', ' ')} UTC unless decided."
+    return hint
 
 
 def _bounded_repr(arguments: object) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from mcp_knecht.core.durations import parse_duration
 from mcp_knecht.errors import ConfigError, UsageError
@@ -26,6 +26,14 @@ DEFAULT_PROPOSAL_TTL = timedelta(hours=24)
 DEFAULT_ISSUER = "mcp-knecht"
 DEFAULT_AUDIENCE = "mcp-knecht"
 MAX_PROPOSAL_TTL = timedelta(days=30)
+MIN_METRICS_TOKEN = 16
+
+LogFormat = Literal["text", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
+
+DEFAULT_WEB_SESSION_TTL = timedelta(hours=8)
+"""How long a web session lasts after signing in (a pasted token's own expiry ends it sooner)."""
+MAX_WEB_SESSION_TTL = timedelta(days=7)
 
 _INSTALLATION = Path(__file__).resolve().parents[2]
 """The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
@@ -54,6 +62,13 @@ def _proposal_ttl(text: str) -> timedelta:
         raise ConfigError(exc.message) from None
 
 
+def _web_session_ttl(text: str) -> timedelta:
+    try:
+        return parse_duration(text, maximum=MAX_WEB_SESSION_TTL, what="Web session lifetime (KNECHT_WEB_SESSION_TTL)")
+    except UsageError as exc:
+        raise ConfigError(exc.message) from None
+
+
 def _operator_auth(text: str) -> str:
     if text not in ("local", "token"):
         raise ConfigError(f"KNECHT_OPERATOR_AUTH must be 'local' or 'token', not {text!r}.")
@@ -62,6 +77,19 @@ def _operator_auth(text: str) -> str:
 
 def _path(text: str) -> Path:
     return Path(text).expanduser()
+
+
+def _log_format(text: str) -> LogFormat:
+    if text.lower() not in LOG_FORMATS:
+        raise ConfigError(f"KNECHT_LOG_FORMAT={text!r}: expected one of {', '.join(LOG_FORMATS)}.")
+    return cast(LogFormat, text.lower())
+
+
+def _metrics_token(text: str) -> str:
+    if len(text) < MIN_METRICS_TOKEN:
+        raise ConfigError(f"KNECHT_METRICS_TOKEN is too short: use at least {MIN_METRICS_TOKEN} random characters "
+                          "(e.g. `openssl rand -hex 24`).")
+    return text
 
 
 DATABASE_URL = Variable("KNECHT_DATABASE_URL", "database_url", "the store: sqlite:///PATH or postgresql://…",
@@ -93,6 +121,14 @@ SERVER_URL = Variable("KNECHT_SERVER_URL", "server_url", "knecht-approve: decide
     flag="--server")
 ENTITIES_KEY = Variable("KNECHT_ENTITIES_KEY", "entities_key", "key of the entities row fingerprints (≥ 32 bytes)",
     "a generated key <data dir>/entities-key")
+METRICS_TOKEN = Variable("KNECHT_METRICS_TOKEN", "metrics_token",
+    "bearer token Prometheus sends to /metrics (HTTP; at least 16 characters)", "— (/metrics is off)",
+    parse=_metrics_token)
+LOG_FORMAT = Variable("KNECHT_LOG_FORMAT", "log_format",
+    "the server's log on stderr: `text`, or `json` with one event per gate outcome", "text", flag="--log-format",
+    parse=_log_format)
+WEB_SESSION_TTL = Variable("KNECHT_WEB_SESSION_TTL", "web_session_ttl",
+    "how long a web session lasts after signing in (at most 7d)", "8h", parse=_web_session_ttl)
 WEBHOOK_URL = Variable("KNECHT_WEBHOOK_URL", "webhook_url", "notifications: POST every proposal event here (signed)")
 WEBHOOK_SECRET = Variable("KNECHT_WEBHOOK_SECRET", "webhook_secret",
     "notifications: the Standard Webhooks signing secret (whsec_…), required with the URL")
@@ -114,6 +150,9 @@ VARIABLES: tuple[Variable, ...] = (
     OPERATOR_TOKEN,
     SERVER_URL,
     ENTITIES_KEY,
+    METRICS_TOKEN,
+    LOG_FORMAT,
+    WEB_SESSION_TTL,
     WEBHOOK_URL,
     WEBHOOK_SECRET,
 )
@@ -139,6 +178,9 @@ class Settings:
     operator_token: str | None = field(default=None, repr=False)
     server_url: str | None = None
     entities_key: str | None = field(default=None, repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
+    log_format: LogFormat = "text"
+    web_session_ttl: timedelta = DEFAULT_WEB_SESSION_TTL
     webhook_url: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)

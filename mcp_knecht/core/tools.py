@@ -24,13 +24,13 @@ class ToolInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-SourceKind = Literal["mcp", "approval", "feature", "chat"]
+SourceKind = Literal["mcp", "approval", "feature", "chat", "web"]
 
 
 @dataclass(frozen=True, slots=True)
 class Source:
     """Where a call comes from: stamped by the system, never by the caller; the audit log shows it
-    as `mcp`, `approval`, `chat` or `feature:<id>`."""
+    as `mcp`, `approval`, `chat`, `web` (a person's page) or `feature:<id>`."""
 
     kind: SourceKind
     name: str | None = None
@@ -48,6 +48,7 @@ class Source:
 MCP = Source("mcp")
 APPROVAL = Source("approval")
 CHAT = Source("chat")
+WEB = Source("web")
 
 
 def feature_source(feature_id: str) -> Source:

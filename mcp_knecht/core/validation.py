@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -12,7 +13,11 @@ _MAX_SHOWN_INPUT = 60
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """The value as the caller sent it: JSON (`null`, `true`, `"text"`), not Python (`None`, `True`)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= _MAX_SHOWN_INPUT else text[: _MAX_SHOWN_INPUT - 1] + "…"
 
 

@@ -81,7 +81,7 @@ def toolset(context: ToolsetContext) -> Toolset:
     return Toolset(
         name="knecht",
         tools=knecht_tools(db, scrubber),
-        prompts=knecht_prompts(),
+        prompts=knecht_prompts(db),
         instructions=INSTRUCTIONS,
         migrations=MIGRATIONS,
         start=start,

@@ -100,11 +100,13 @@ class LogTools:
         self.db = db
 
     async def get_run_log(self, args: GetRunLogInput, ctx: ToolContext) -> dict[str, Any]:
+        _one_window("get_run_log", args)
         await find_action(self.db, args.run_id, RUN_LOG)
         page = await read_log(self.db, args.run_id, RUN_LOG, args)
         return {"run_id": args.run_id, **page}
 
     async def get_action_log(self, args: GetActionLogInput, ctx: ToolContext) -> dict[str, Any]:
+        _one_window("get_action_log", args)
         action = await find_action(self.db, args.run_id, args.action)
         page = await read_log(self.db, args.run_id, action["id"], args)
         return {"run_id": args.run_id, "action": action, **page}
@@ -171,11 +173,14 @@ async def find_action(db: Database, run_id: int, action: int | str) -> Row:
     return row
 
 
-async def read_log(db: Database, run_id: int, action_id: int, window: LogWindow) -> dict[str, Any]:
+def _one_window(tool: str, window: LogWindow) -> None:
     if window.tail is not None and window.offset is not None:
-        raise InvalidArgumentsError(
-            "log", [{"field": "tail", "problem": "give either tail or offset, not both"}]
-        )
+        raise InvalidArgumentsError(tool, [{"field": "tail", "problem": "give either tail or offset, not both"}])
+
+
+async def read_log(db: Database, run_id: int, action_id: int, window: LogWindow) -> dict[str, Any]:
+    """A page of one log: `tail`, or `offset`/`limit`, or the lines matching `grep` (the tools have
+    made sure it is not both tail and offset)."""
     size = await db.fetch_one(
         "SELECT MAX(line_no) AS n FROM log_lines WHERE run_id = ? AND action_id = ?", (run_id, action_id)
     )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from mcp_knecht.core.database import Database
 from mcp_knecht.core.prompts import Prompt, PromptArgument
-from mcp_knecht.errors import InvalidArgumentsError
+from mcp_knecht.errors import InvalidArgumentsError, NotFoundError
 
 DIAGNOSE_RUN = """\
 Find out why Knecht CI run {run_id} failed, and say how to fix it.
@@ -22,16 +23,18 @@ whose logs show the cause, as `actions: [id, ...]`. Do not quote secrets; they a
 """
 
 
-async def _render_diagnosis(arguments: dict[str, str]) -> str:
-    raw = (arguments.get("run_id") or "").strip().lstrip("#")
-    if not raw.isdigit() or int(raw) < 1:
-        raise InvalidArgumentsError(
-            "diagnose_run", [{"field": "run_id", "problem": f"expected a run id such as 42 (got {raw!r})"}]
-        )
-    return DIAGNOSE_RUN.format(run_id=int(raw))
+def knecht_prompts(db: Database) -> list[Prompt]:
+    async def render_diagnosis(arguments: dict[str, str]) -> str:
+        raw = (arguments.get("run_id") or "").strip().lstrip("#")
+        if not raw.isdigit() or int(raw) < 1:
+            raise InvalidArgumentsError(
+                "diagnose_run", [{"field": "run_id", "problem": f"expected a run id such as 42 (got {raw!r})"}]
+            )
+        run = await db.fetch_one("SELECT status FROM runs WHERE id = ?", (int(raw),))
+        if run is None:
+            raise NotFoundError(f"Run {int(raw)} does not exist; list_runs(status=\"failed\") shows failed runs.")
+        return DIAGNOSE_RUN.format(run_id=int(raw))
 
-
-def knecht_prompts() -> list[Prompt]:
     return [
         Prompt(
             name="diagnose_run",
@@ -41,6 +44,7 @@ def knecht_prompts() -> list[Prompt]:
             "needed, and the workflow.",
             scope="logs:read",
             arguments=(PromptArgument("run_id", "The numeric id of the failed run (e.g. 42)."),),
-            render=_render_diagnosis,
+            render=render_diagnosis,
+            tools=("get_run", "get_action_log", "get_run_log", "get_workflow"),
         )
     ]

@@ -94,10 +94,11 @@ LIST_RUNS = f"""\
 List CI runs, newest first, optionally filtered by project (id or slug), workflow (id or name), status \
 (queued, running, succeeded, failed, cancelled), branch and trigger (push, pull_request, schedule, \
 manual, rerun). Each run has id, per-workflow number, project, workflow and version, status, trigger, \
-branch, commit SHA, who started it, queued/started/finished times, duration in seconds, and rerun_of \
-(the run it re-ran). Returns at most `limit` runs (default 20, max {MAX_RUNS_PER_PAGE}) and `next_cursor`: \
-pass it as `before` to get the next, older page; it is null on the last page. Use get_run for the \
-actions of one run."""
+branch, commit SHA, who started it, queued/started/finished times, duration in seconds, rerun_of \
+(the run it re-ran), and failed_action (id, position, name, exit code of the action that failed; null \
+unless the run failed), so that triaging many failures needs no get_run each. Returns at most `limit` \
+runs (default 20, max {MAX_RUNS_PER_PAGE}) and `next_cursor`: pass it as `before` to get the next, older \
+page; it is null on the last page. Use get_run for all the actions of one run."""
 
 GET_RUN = """\
 Get one CI run by id with its actions in execution order: each action's id, position, name, status \
@@ -217,11 +218,24 @@ def duration_seconds(started_at: str | None, finished_at: str | None) -> int | N
     return int((clock.parse(finished_at) - clock.parse(started_at)).total_seconds())
 
 
-def _listed(row: Row) -> dict[str, Any]:
-    """A run as the read tools show it: its columns and its duration."""
-    shown = dict(row)
-    shown["duration_seconds"] = duration_seconds(row["started_at"], row["finished_at"])
-    return shown
+def _with_duration(row: Row) -> dict[str, Any]:
+    return {**row, "duration_seconds": duration_seconds(row["started_at"], row["finished_at"])}
+
+
+async def _listed(db: Database, rows: list[Row]) -> list[dict[str, Any]]:
+    """Runs as the read tools list them: their columns, their duration, and for a failed run the
+    action that failed (one query for the whole page)."""
+    failed_ids = [row["id"] for row in rows if row["status"] == "failed"]
+    failed: dict[int, dict[str, Any]] = {}
+    if failed_ids:
+        actions = await db.fetch_all(
+            "SELECT run_id, id, position, name, exit_code FROM actions WHERE status = 'failed'"
+            f" AND run_id IN ({', '.join('?' * len(failed_ids))}) ORDER BY run_id, position",
+            failed_ids,
+        )
+        for action in actions:
+            failed.setdefault(action.pop("run_id"), action)
+    return [{**_with_duration(row), "failed_action": failed.get(row["id"])} for row in rows]
 
 
 async def recent_runs(db: Database, project_id: int, limit: int) -> list[dict[str, Any]]:
@@ -229,7 +243,7 @@ async def recent_runs(db: Database, project_id: int, limit: int) -> list[dict[st
     rows = await db.fetch_all(
         f"SELECT {_RUN_COLUMNS}{_RUN_FROM} WHERE r.project_id = ? ORDER BY r.id DESC LIMIT ?", (project_id, limit)
     )
-    return [_listed(row) for row in rows]
+    return await _listed(db, rows)
 
 
 async def _workflow_ids(db: Database, workflow: int | str, project_id: int | None) -> list[int]:
@@ -280,7 +294,7 @@ async def list_runs(
     rows = await db.fetch_all(*_runs_page(where, params, ids, limit + 1))
     page = rows[:limit]
     next_cursor = page[-1]["id"] if len(rows) > limit else None
-    return {"runs": [_listed(r) for r in page], "next_cursor": next_cursor}
+    return {"runs": await _listed(db, page), "next_cursor": next_cursor}
 
 
 def _runs_page(where: list[str], params: list[Any], workflow_ids: list[int], limit: int) -> tuple[str, list[Any]]:
@@ -317,7 +331,7 @@ async def get_run(db: Database, run_id: int) -> dict[str, Any]:
     lines = {c["action_id"]: c["lines"] for c in counts}
     reruns = await db.fetch_all("SELECT id, status FROM runs WHERE rerun_of = ? ORDER BY id", (run_id,))
 
-    run = _listed({k: v for k, v in row.items() if k != "inputs_json"})
+    run = _with_duration({k: v for k, v in row.items() if k != "inputs_json"})
     run["inputs"] = json.loads(row["inputs_json"] or "{}")
     run["actions"] = [
         {**a, "duration_seconds": duration_seconds(a["started_at"], a["finished_at"]),

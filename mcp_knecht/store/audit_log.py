@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -179,6 +180,10 @@ async def verify_chain(db: Database, chain: AuditChain) -> list[ChainProblem]:
     return [found async for found in chain.verify(db) if isinstance(found, ChainProblem)]
 
 
+FlushObserver = Callable[[int, float, bool], None]
+"""`(entries, seconds, failed)` after each write that had something to write (for monitoring)."""
+
+
 class AuditLog:
     """An `AuditSink` over a database, writing in groups, never stopped by a busy store."""
 
@@ -193,6 +198,7 @@ class AuditLog:
         self._flush_lock = anyio.Lock()
         self.failures = 0
         """Consecutive failed writes (a busy or unreachable store)."""
+        self.on_flush: FlushObserver | None = None
 
     def record(self, entry: AuditEntry) -> None:
         if self._closed:
@@ -226,6 +232,7 @@ class AuditLog:
             batch, self._pending = self._pending, []
             if not batch:
                 return
+            started = time.perf_counter()
             try:
                 async with self._db.transaction() as tx:
                     await self.chain.append(tx, batch)
@@ -233,8 +240,14 @@ class AuditLog:
                 # Keep them for the next round rather than lose the record of what happened.
                 self._pending[:0] = batch
                 self.failures += 1
+                self._flushed(len(batch), started, failed=True)
                 raise
             self.failures = 0
+            self._flushed(len(batch), started, failed=False)
+
+    def _flushed(self, entries: int, started: float, *, failed: bool) -> None:
+        if self.on_flush is not None:
+            self.on_flush(entries, time.perf_counter() - started, failed)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

@@ -35,6 +35,7 @@ import asyncpg
 
 from mcp_knecht.core.database import Params, Row
 from mcp_knecht.errors import ConfigError, StoreError
+from mcp_knecht.store.health import store_error
 
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
@@ -104,7 +105,7 @@ def _rowcount(status: str) -> int:
 def _store_error(what: str, exc: BaseException) -> StoreError:
     sqlstate = getattr(exc, "sqlstate", None)
     detail = str(exc) or type(exc).__name__
-    return StoreError(f"{what}: {detail}", details={"sqlstate": sqlstate} if sqlstate else {})
+    return store_error("postgresql", f"{what}: {detail}", {"sqlstate": sqlstate} if sqlstate else {})
 
 
 # --- URL ----------------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ class PostgresDatabase:
         except _DRIVER_ERRORS as exc:
             raise _store_error(f"Cannot connect to PostgreSQL at {redact(url)}", exc) from exc
         except TimeoutError as exc:
-            raise StoreError(f"Cannot connect to PostgreSQL at {redact(url)}: timed out") from exc
+            raise store_error("postgresql", f"Cannot connect to PostgreSQL at {redact(url)}: timed out") from exc
         assert pool is not None
         return cls(url, pool)
 
@@ -323,7 +324,7 @@ class PostgresDatabase:
         except _DRIVER_ERRORS as exc:
             raise _store_error("Cannot open a connection to listen on", exc) from exc
         except TimeoutError as exc:
-            raise StoreError("Cannot open a connection to listen on: timed out") from exc
+            raise store_error("postgresql", "Cannot open a connection to listen on: timed out") from exc
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):

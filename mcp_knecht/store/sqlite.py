@@ -16,7 +16,7 @@ import anyio
 
 from mcp_knecht.core.database import Params, Row
 from mcp_knecht.core.database_url import normalise, sqlite_path
-from mcp_knecht.errors import StoreError
+from mcp_knecht.store.health import store_error
 
 BUSY_TIMEOUT_MS = 15_000
 
@@ -29,7 +29,7 @@ async def _connect(path: str) -> aiosqlite.Connection:
     try:
         conn = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
-        raise StoreError(f"Cannot open SQLite database {path}: {exc}") from exc
+        raise store_error("sqlite", f"Cannot open SQLite database {path}: {exc}") from exc
     conn.row_factory = _dict_row  # type: ignore[assignment]  # aiosqlite types it as a class
     await conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     await conn.execute_fetchall("PRAGMA foreign_keys = ON")
@@ -50,7 +50,7 @@ class _SQLiteTransaction:
         try:
             return list(await self._conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
         except sqlite3.Error as exc:
-            raise StoreError(f"Database statement failed: {exc}") from exc
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
         return next(iter(await self.fetch_all(sql, params)), None)
@@ -59,14 +59,14 @@ class _SQLiteTransaction:
         try:
             cursor = await self._conn.execute(sql, params)
         except sqlite3.Error as exc:
-            raise StoreError(f"Database statement failed: {exc}") from exc
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
         return cursor.rowcount
 
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
         try:
             await self._conn.executemany(sql, rows)
         except sqlite3.Error as exc:
-            raise StoreError(f"Database statement failed: {exc}") from exc
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
 
     async def lock(self, name: str) -> None:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
@@ -89,13 +89,13 @@ class SQLiteDatabase:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"Cannot create the folder for {path}: {exc.strerror}") from exc
+            raise store_error("sqlite", f"Cannot create the folder for {path}: {exc.strerror}") from exc
         writer = await _connect(str(path))
         try:
             await writer.execute_fetchall("PRAGMA journal_mode = WAL")
         except sqlite3.Error as exc:
             await writer.close()
-            raise StoreError(f"{path} is not a usable SQLite database: {exc}") from exc
+            raise store_error("sqlite", f"{path} is not a usable SQLite database: {exc}") from exc
         reader = await _connect(str(path))
         return cls(url, reader, writer)
 
@@ -134,7 +134,7 @@ class SQLiteDatabase:
         try:
             await self._writer.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise StoreError(f"Cannot start a write transaction: {exc}") from exc
+            raise store_error("sqlite", f"Cannot start a write transaction: {exc}") from exc
         try:
             yield
         except BaseException:
@@ -145,7 +145,7 @@ class SQLiteDatabase:
             with anyio.CancelScope(shield=True):
                 await self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise StoreError(f"Commit failed: {exc}") from exc
+            raise store_error("sqlite", f"Commit failed: {exc}") from exc
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):

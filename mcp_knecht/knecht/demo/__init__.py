@@ -1,10 +1,12 @@
 """Deterministic, realistic demo data for Knecht: projects, workflows, runs, actions and logs.
 
-Everything derives from one `random.Random(seed)` and a fixed base time, so a seed always yields
-the same rows (tests compare digests). Rows are buffered and written in batches with
-`execute_many`, one transaction per flush, so that a million runs stream through in bounded memory.
+Everything derives from one `random.Random(seed)` and the clock: the runs fill the 60 days before
+now (`now`, default the current time), so a seed and a clock reading always yield the same rows
+(tests compare digests), and the newest demo runs are minutes old when a newcomer starts. Rows are
+buffered and written in batches with `execute_many`, one transaction per flush, so that a million
+runs stream through in bounded memory.
 
-The package, one concept per module: `common` (clock, failure kinds, users, small helpers),
+The package, one concept per module: `common` (run window, failure kinds, users, small helpers),
 `stacks` (commands and log texts per language), `catalogue` (projects, workflows, branches,
 variables), `runs` (the run generator), `logs` (action logs, the large log) and `writer`
 (batched inserts). This module is the public API.
@@ -15,17 +17,18 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database
 from mcp_knecht.errors import ConflictError
 from mcp_knecht.knecht.demo.catalogue import PROJECTS, WORKFLOW_ACTIONS, WORKFLOW_INPUTS, _insert_catalogue
-from mcp_knecht.knecht.demo.common import BASE_TIME, FAILING_ACTION, FAILURE_KINDS, SPAN, USERS
+from mcp_knecht.knecht.demo.common import FAILING_ACTION, FAILURE_KINDS, SPAN, USERS, window_start
 from mcp_knecht.knecht.demo.logs import _grow_log
 from mcp_knecht.knecht.demo.runs import _RunGenerator
 from mcp_knecht.knecht.demo.writer import _Writer
 
 __all__ = [
-    "BASE_TIME",
     "FAILING_ACTION",
     "FAILURE_KINDS",
     "PROJECTS",
@@ -35,6 +38,7 @@ __all__ = [
     "WORKFLOW_INPUTS",
     "DemoSummary",
     "fill_demo_data",
+    "window_start",
 ]
 
 
@@ -76,16 +80,21 @@ async def fill_demo_data(
     progress: Callable[[str], None] | None = None,
     log_mb: int = 0,
     run_logs: bool = True,
+    now: datetime | None = None,
 ) -> DemoSummary:
     """Fill an empty database with demo data; refuses one that already holds projects.
 
     `log_mb` > 0 makes the failed test action of the first assertion failure a very large log
     (about that many megabytes of verbose test output, the failure at its end), for benchmarks.
     `run_logs=False` skips every other log line: a million runs for a list benchmark, quickly.
+    `now`: the clock the data is dated against (default: the current time); finished runs end
+    before it, the queued ones were queued in the minutes before it.
     """
     if runs < 0 or log_mb < 0:
         raise ValueError("runs and log_mb must be >= 0")
     rng = random.Random(seed)
+    now = now or clock.now()
+    start = window_start(now)
     async with db.transaction() as tx:
         existing = await tx.fetch_one("SELECT COUNT(*) AS n FROM projects")
         if existing and existing["n"]:
@@ -93,14 +102,15 @@ async def fill_demo_data(
                 f"The database {db.url} already holds {existing['n']} projects; demo data goes into an "
                 "empty database only. Pass a fresh --db URL (e.g. sqlite:///./knecht-demo.db)."
             )
-        projects, version_count = await _insert_catalogue(tx, rng)
+        projects, version_count = await _insert_catalogue(tx, rng, start)
     writer = _Writer(db, progress, runs)
-    generator = _RunGenerator(rng, projects, runs, writer, with_logs=run_logs)
+    generator = _RunGenerator(rng, projects, runs, writer, start=start, now=now, with_logs=run_logs)
     await generator.generate()
     await writer.flush()
     big_log = None
     if log_mb and "test_assertion" in generator.examples:
-        big_log = await _grow_log(db, generator.examples["test_assertion"], log_mb, progress)
+        big_log = await _grow_log(db, generator.examples["test_assertion"], log_mb, progress,
+                                  begins=start + timedelta(days=1))
     # Fresh statistics let the planner pick the selective index for combined filters (a trigger and
     # a branch that match nothing together: 72 ms → 0.1 ms over a million runs).
     async with db.transaction() as tx:

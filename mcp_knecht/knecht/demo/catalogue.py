@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mcp_knecht.core.database import Transaction
-from mcp_knecht.knecht.demo.common import BASE_TIME, SPAN, USERS, _iso, _sha, _token
+from mcp_knecht.knecht.demo.common import SPAN, USERS, _iso, _sha, _token
 from mcp_knecht.knecht.demo.stacks import GO, NODE, PYTHON, RUST, TERRAFORM, _Stack
 
 
@@ -164,14 +164,15 @@ class _Project:
     versions: dict[int, list[datetime]]  # workflow id -> created_at of versions 1..n
 
 
-async def _insert_catalogue(tx: Transaction, rng: random.Random) -> tuple[list[_Project], int]:
+async def _insert_catalogue(tx: Transaction, rng: random.Random, start: datetime) -> tuple[list[_Project], int]:
+    """Projects (created before `start`, the run window's beginning), branches, variables, workflows."""
     projects: list[_Project] = []
     workflow_id = 0
     version_count = 0
     upper_digits = string.ascii_uppercase + string.digits
     alnum = string.ascii_letters + string.digits
     for index, spec in enumerate(PROJECTS, start=1):
-        created = BASE_TIME - timedelta(days=400 - index * 37)
+        created = start - timedelta(days=400 - index * 37)
         await tx.execute(
             "INSERT INTO projects (id, slug, name, description, repository_url, default_branch, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -223,7 +224,7 @@ async def _insert_catalogue(tx: Transaction, rng: random.Random) -> tuple[list[_
             count = rng.randint(2, 4)
             # Version 1 predates the runs; later versions land inside the run window.
             window = int(SPAN.total_seconds())
-            later = sorted(BASE_TIME + timedelta(seconds=rng.randint(0, window)) for _ in range(count - 1))
+            later = sorted(start + timedelta(seconds=rng.randint(0, window)) for _ in range(count - 1))
             stamps = [created + timedelta(days=2), *later]
             await tx.execute(
                 "INSERT INTO workflows (id, project_id, name, path, current_version, created_at)"

@@ -1,4 +1,4 @@
-"""What every part of the demo data shares: the fixed clock, the failure kinds, the people, and
+"""What every part of the demo data shares: the run window, the failure kinds, the people, and
 the small helpers that turn the one random generator into timestamps, commit SHAs and tokens."""
 
 from __future__ import annotations
@@ -8,9 +8,17 @@ from datetime import UTC, datetime, timedelta
 
 from mcp_knecht.core.clock import timestamp
 
-BASE_TIME = datetime(2026, 11, 1, tzinfo=UTC)
 BATCH_ROWS = 5_000
-SPAN = timedelta(days=60)  # runs are spread over this window after BASE_TIME, whatever their count
+SPAN = timedelta(days=60)  # runs are spread over this window, whatever their count
+SETTLE = timedelta(hours=1)
+"""The run window ends this long before now, so that every finished run has finished by now (the
+longest run takes about 40 minutes); only the queued runs come later, in the last minutes."""
+
+
+def window_start(now: datetime) -> datetime:
+    """Where the runs begin: the window of `SPAN` ending `SETTLE` before `now` (to the minute, so a
+    seed and a clock reading give the same data)."""
+    return now.astimezone(UTC).replace(second=0, microsecond=0) - SETTLE - SPAN
 
 FAILURE_KINDS: tuple[str, ...] = (
     "test_assertion",

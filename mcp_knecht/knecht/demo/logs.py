@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from mcp_knecht.core.database import Database
 from mcp_knecht.knecht.demo.catalogue import WORKFLOW_ACTIONS, _Project
-from mcp_knecht.knecht.demo.common import BASE_TIME, BATCH_ROWS, _iso
+from mcp_knecht.knecht.demo.common import BATCH_ROWS, _iso
 
 
 def _action_log(
@@ -134,9 +134,10 @@ def _action_log(
 
 
 async def _grow_log(
-    db: Database, run_id: int, megabytes: int, progress: Callable[[str], None] | None
+    db: Database, run_id: int, megabytes: int, progress: Callable[[str], None] | None, begins: datetime
 ) -> tuple[int, int, int]:
-    """Put megabytes of verbose test output before the failure in one action's log."""
+    """Put megabytes of verbose test output (stamped from `begins` on) before the failure in one
+    action's log."""
     action = await db.fetch_one(
         "SELECT id FROM actions WHERE run_id = ? AND status = 'failed' ORDER BY position LIMIT 1", (run_id,)
     )
@@ -150,7 +151,7 @@ async def _grow_log(
     written = 0
     line_no = 0
     modules = ("api", "payments", "refunds", "webhooks", "ledger", "currency", "customers", "reports")
-    start = BASE_TIME + timedelta(days=1)
+    start = begins
     async with db.transaction() as tx:
         await tx.execute("DELETE FROM log_lines WHERE run_id = ? AND action_id = ?", (run_id, action_id))
     while written < budget:

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 
 from mcp_knecht.knecht.demo.catalogue import ACTION_SECONDS, WORKFLOW_ACTIONS, WORKFLOW_INPUTS, _Project
 from mcp_knecht.knecht.demo.common import (
-    BASE_TIME,
     FAILING_ACTION,
     FAILURE_KINDS,
     FAILURE_WEIGHTS,
@@ -25,9 +24,12 @@ from mcp_knecht.knecht.demo.writer import _Writer
 
 class _RunGenerator:
     def __init__(
-        self, rng: random.Random, projects: list[_Project], total: int, writer: _Writer, *, with_logs: bool = True
+        self, rng: random.Random, projects: list[_Project], total: int, writer: _Writer, *, start: datetime,
+        now: datetime, with_logs: bool = True,
     ) -> None:
         self.with_logs = with_logs
+        self.start = start
+        self.now = now.replace(second=0, microsecond=0)
         self.rng = rng
         self.projects = projects
         self.total = total
@@ -48,10 +50,11 @@ class _RunGenerator:
         # The newest runs are still in flight: a few running, then a few queued at the very end.
         in_flight = min(6, self.total // 40)
         for run_id in range(1, self.total + 1):
-            queued = BASE_TIME + timedelta(seconds=int((run_id - 1) * step + self.rng.random() * step))
+            queued = self.start + timedelta(seconds=int((run_id - 1) * step + self.rng.random() * step))
             from_end = self.total - run_id
             if from_end < in_flight // 2:
                 status = "queued"
+                queued = self.now - timedelta(minutes=2 * from_end + 1)  # waiting for a runner since
             elif from_end < in_flight:
                 status = "running"
             else:
