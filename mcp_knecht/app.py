@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from mcp_knecht.ai.runtime import AI_MIGRATIONS, AiRuntime
+from mcp_knecht.ai.settings import load_ai_settings
 from mcp_knecht.core.approval import ApprovalService
 from mcp_knecht.core.audit import Observer
 from mcp_knecht.core.changes import ChangeFeed
@@ -60,6 +62,8 @@ class App:
     toolsets: tuple[Toolset, ...]
     keys: ServerKeys
     approvals: ApprovalService
+    ai: AiRuntime
+    """AI features over this gate (issue 14): model roles, the loop, the failure diagnosis."""
 
     @property
     def instructions(self) -> str:
@@ -114,6 +118,7 @@ async def assemble(
                 raise ConfigError(f"Prompt {prompt.name} names tools this server does not serve: "
                                   f"{', '.join(missing)}.")
         policy = PolicySource(settings.policy_file, registry)
+        ai_settings = load_ai_settings(settings)
     except BaseException:
         await _close(toolsets)
         raise
@@ -122,8 +127,11 @@ async def assemble(
                 hash_arguments=lambda text: keys.mac("arguments", text), observe=observe)
     # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
     watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
+    ai = AiRuntime.create(ai_settings, gate=gate, db=db, secrets=secrets)
+    if ai.serves_diagnosis:  # the AI layer's tables, where there are runs to diagnose
+        await apply_migrations(db, AI_MIGRATIONS)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys))
+               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys), ai)
 
 
 EXPIRY_SWEEP_SECONDS = 30.0
@@ -161,6 +169,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.start_soon(app.policy.watch)
                 tasks.start_soon(app.watcher.run)
                 tasks.start_soon(_expire_proposals, app)
+                tasks.start_soon(app.ai.run)  # on-demand diagnoses; the worker when a model is set
             if notifications is not None:
                 tasks.start_soon(notifications)
             try:
@@ -171,6 +180,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.cancel_scope.cancel()
                 await audit.aclose()
                 await app.close_toolsets()
+                await app.ai.aclose()
         if failure is not None:
             raise failure
     finally:

@@ -27,6 +27,7 @@ examples:
   mcp-knecht policy explain rerun_run        which rule decides, and why
   mcp-knecht audit verify                    check the audit hash chain
   mcp-knecht login-link --sub bob --profile operator   sign a person in to the web page
+  mcp-knecht diagnose 42                     why run 42 failed (needs KNECHT_MODEL_DEFAULT)
   mcp-knecht notify test                     a test message to every notification channel
 """
 
@@ -292,10 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mcp_knecht.cli import notify
     from mcp_knecht.cli.admin import add_commands
+    from mcp_knecht.cli.diagnose import add_command as add_diagnose
     from mcp_knecht.cli.web import add_commands as add_web_commands
 
     add_commands(commands, _common)
     add_web_commands(commands, _common)
+    add_diagnose(commands, _common)
     notify.add_commands(commands, _common)
     return parser
 

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -127,14 +127,17 @@ class Gate:
         return self._policy()
 
     async def call_tool(
-        self, actor: Actor, name: str, arguments: object, *, source: Source = MCP
+        self, actor: Actor, name: str, arguments: object, *, source: Source = MCP,
+        allowed: Collection[str] | None = None,
     ) -> GateResult:
+        """`allowed`: a caller's own allowlist (an AI feature's tools); a name outside it is refused
+        exactly like an unknown tool, and audited."""
         started = time.perf_counter()
         if not self._audit.accepting():
             busy = StoreBusyError("The store is busy and the audit log is waiting to write; nothing ran. "
                                   "Retry in a few seconds.")
             return self._finish(actor, source, started, _error("failed", busy), str(name)[:_MAX_AUDITED_NAME])
-        tool = self._look_up(actor, name)
+        tool = self._look_up(actor, name, allowed)
         if tool is None:
             return self._finish(actor, source, started, self._forbidden(name), name, arguments=arguments)
         try:
@@ -172,7 +175,9 @@ class Gate:
             return _internal_error(tool.name, "running")
         return self._render(raw)
 
-    def _look_up(self, actor: Actor, name: object) -> Tool | None:
+    def _look_up(self, actor: Actor, name: object, allowed: Collection[str] | None = None) -> Tool | None:
+        if allowed is not None and name not in allowed:
+            return None
         tool = self.registry.get(name) if isinstance(name, str) else None
         if tool is None or not actor.holds(tool.scope) or self._policy().hides(tool):
             return None

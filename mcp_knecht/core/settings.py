@@ -92,6 +92,30 @@ def _metrics_token(text: str) -> str:
     return text
 
 
+def _switch(name: str) -> Callable[[str], bool]:
+    def parse(text: str) -> bool:
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        raise ConfigError(f"{name}: expected 0 or 1, not {text!r}.")
+
+    return parse
+
+
+def _seconds(name: str, maximum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= maximum:
+            raise ConfigError(f"{name}: expected seconds between 0 and {maximum:g}, not {text!r}.")
+        return value
+
+    return parse
+
+
 DATABASE_URL = Variable("KNECHT_DATABASE_URL", "database_url", "the store: sqlite:///PATH or postgresql://…",
     "sqlite:///<data dir>/knecht.db", flag="--db")
 CONFIG_DIR = Variable("KNECHT_CONFIG_DIR", "config_dir", "folder with policies.toml and scopes/",
@@ -129,6 +153,22 @@ LOG_FORMAT = Variable("KNECHT_LOG_FORMAT", "log_format",
     parse=_log_format)
 WEB_SESSION_TTL = Variable("KNECHT_WEB_SESSION_TTL", "web_session_ttl",
     "how long a web session lasts after signing in (at most 7d)", "8h", parse=_web_session_ttl)
+# AI features (mcp_knecht/ai): model roles as provider:model, checked by mcp_knecht.ai.settings.
+MODEL_DEFAULT = Variable("KNECHT_MODEL_DEFAULT", "model_default", "the default model of AI features, provider:model",
+    "[models] default in knecht.toml, else none (features answer unavailable)")
+MODEL_FAST = Variable("KNECHT_MODEL_FAST", "model_fast", "the subtask model (role `fast`), provider:model",
+    "[models] fast in knecht.toml, else the default model")
+AUTO_DIAGNOSE = Variable("KNECHT_AUTO_DIAGNOSE", "auto_diagnose", "0 turns the automatic diagnosis of failed runs off",
+    "1 (on when a model is configured)", parse=_switch("KNECHT_AUTO_DIAGNOSE"))
+MODEL_TIMEOUT = Variable("KNECHT_MODEL_TIMEOUT", "model_timeout", "seconds per model request (HTTP attempt)", "60",
+    parse=_seconds("KNECHT_MODEL_TIMEOUT", 3600))
+LANGDOCK_BASE_URL = Variable("KNECHT_LANGDOCK_BASE_URL", "langdock_base_url", "Langdock's API base URL",
+    "https://api.langdock.com")
+LANGDOCK_REGION = Variable("KNECHT_LANGDOCK_REGION", "langdock_region", "Langdock region (eu, us, …)", "eu")
+OPENAI_COMPATIBLE_BASE_URL = Variable("KNECHT_OPENAI_COMPATIBLE_BASE_URL", "openai_compatible_base_url",
+    "base URL of an OpenAI-compatible endpoint (Ollama, vLLM, LiteLLM, a gateway)")
+OPENAI_COMPATIBLE_API_KEY = Variable("KNECHT_OPENAI_COMPATIBLE_API_KEY", "openai_compatible_api_key",
+    "its API key, if it needs one")
 WEBHOOK_URL = Variable("KNECHT_WEBHOOK_URL", "webhook_url", "notifications: POST every proposal event here (signed)")
 WEBHOOK_SECRET = Variable("KNECHT_WEBHOOK_SECRET", "webhook_secret",
     "notifications: the Standard Webhooks signing secret (whsec_…), required with the URL")
@@ -153,6 +193,14 @@ VARIABLES: tuple[Variable, ...] = (
     METRICS_TOKEN,
     LOG_FORMAT,
     WEB_SESSION_TTL,
+    MODEL_DEFAULT,
+    MODEL_FAST,
+    AUTO_DIAGNOSE,
+    MODEL_TIMEOUT,
+    LANGDOCK_BASE_URL,
+    LANGDOCK_REGION,
+    OPENAI_COMPATIBLE_BASE_URL,
+    OPENAI_COMPATIBLE_API_KEY,
     WEBHOOK_URL,
     WEBHOOK_SECRET,
 )
@@ -181,6 +229,14 @@ class Settings:
     metrics_token: str | None = field(default=None, repr=False)
     log_format: LogFormat = "text"
     web_session_ttl: timedelta = DEFAULT_WEB_SESSION_TTL
+    model_default: str | None = None
+    model_fast: str | None = None
+    auto_diagnose: bool = True
+    model_timeout: float = 60.0
+    langdock_base_url: str | None = None
+    langdock_region: str = "eu"
+    openai_compatible_base_url: str | None = None
+    openai_compatible_api_key: str | None = field(default=None, repr=False)
     webhook_url: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
+from mcp_knecht.ai.diagnoses import shown_diagnosis
 from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
@@ -107,7 +108,9 @@ number of log lines. `failed_action` names the action that failed (null if none)
 skipped. Also returns the run's inputs, rerun_of (the run this one re-ran), reruns (later runs that \
 re-ran this one) and the size of the run's own log. Logs are not included: read them with the log \
 tools (the run's own log is action_id 0). To diagnose a failure, read the failed action's log first; \
-if the cause is not there, an earlier action's log may show it."""
+if the cause is not there, an earlier action's log may show it. When Knecht has diagnosed a failed run \
+itself, `diagnosis` holds it: status (pending, done, failed, unavailable), the cause and fix in `summary`, \
+and the ids of the actions whose logs show it in `actionIds`."""
 
 RERUN_RUN = """\
 Propose to run a finished run again (same workflow, branch and inputs), as a new run with trigger \
@@ -135,7 +138,10 @@ class RunTools:
                                branch=args.branch, trigger=args.trigger, limit=args.limit, before=args.before)
 
     async def get_run(self, args: GetRunInput, ctx: ToolContext) -> dict[str, Any]:
-        return await get_run(self.db, args.run_id)
+        run = await get_run(self.db, args.run_id)
+        if run["status"] == "failed" and (diagnosis := await shown_diagnosis(self.db, args.run_id)) is not None:
+            run["diagnosis"] = diagnosis  # stored by the AI layer (mcp_knecht/ai/diagnoses.py)
+        return run
 
     async def freeze_rerun(self, args: RerunRunInput, ctx: ToolContext) -> RerunRunInput:
         run = await run_row(self.db, args.run_id)

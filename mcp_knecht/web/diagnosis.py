@@ -5,9 +5,9 @@
 
 The dict has the shape of `GET /api/runs/{id}/diagnosis`:
 `{"status": "pending"|"done"|"failed"|"unavailable", "summary"?, "actionIds"?, "model"?, "error"?}`.
-`run_diagnosis` is the only place the web asks for one; point it at the AI features' service
-(e.g. `await app.ai.diagnoses.request(run_id, actor, wait=False)`) and the dashboard, the run page and
-their live updates follow. The card's four states are rendered from such dicts alone.
+`run_diagnosis` is the only place the web asks for one: the AI features' stored diagnosis
+(`app.ai.diagnoses`, the same as the route's), which starts one in the background for a failed run
+that has none. The card's four states are rendered from such dicts alone.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from urllib.parse import quote
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.errors import ConflictError, NotFoundError
 
 DIAGNOSIS_SCOPES = ("runs:read", "logs:read")
 """What reading a diagnosis needs (the route's scopes): it quotes the run's logs."""
 PENDING_TEXT = "Knecht is looking into why the last run failed."
 STATES = ("pending", "done", "failed", "unavailable")
-NOT_CONFIGURED = {"status": "unavailable", "error": "This server has no AI model configured."}
 
 DiagnosisSource = Callable[[Actor, int], Awaitable[dict[str, Any] | None]]
 """`async (actor, run_id) -> diagnosis dict | None`: what the pages ask (injectable for tests)."""
@@ -32,11 +32,14 @@ DiagnosisSource = Callable[[Actor, int], Awaitable[dict[str, Any] | None]]
 
 async def run_diagnosis(app: App, actor: Actor, run_id: int) -> dict[str, Any] | None:
     """THE HOOK: the diagnosis of failed run `run_id` as `actor` may see it; None when the actor may not
-    read diagnoses (the card then shows none). Until the AI features are wired in, every failed run's
-    diagnosis is `unavailable`."""
+    read diagnoses, or the run has none to show (the card then shows none)."""
     if not all(actor.holds(scope) for scope in DIAGNOSIS_SCOPES):
         return None
-    return dict(NOT_CONFIGURED)
+    try:
+        shown: dict[str, Any] = await app.ai.diagnoses.request(run_id, actor, wait=False)
+    except (NotFoundError, ConflictError):  # no such run, or it did not fail
+        return None
+    return shown
 
 
 def diagnosis_source(app: App) -> DiagnosisSource:
