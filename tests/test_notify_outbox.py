@@ -132,3 +132,23 @@ async def test_the_cli_writes_events_too(app: App, staged_env: dict[str, str]) -
                           "--reason", "use the nightly")
     assert rejected.returncode == 0, rejected.stderr
     assert [event for event, _, _ in await events(app)] == ["proposal.pending", "proposal.decided"]
+
+
+async def test_a_two_person_rule_is_told_decided_once_when_the_second_approval_completes_it(
+    staged_env: dict[str, str],
+) -> None:
+    from pathlib import Path
+
+    Path(staged_env["KNECHT_CONFIG_DIR"], "policies.toml").write_text(
+        '[[rules]]\ntool = "record_effect"\ndecision = "approve"\napprovers = 2\n', encoding="utf-8")
+    async with open_app(load_settings(env=staged_env), watch_policy=False) as app:
+        async with app.db.transaction() as tx:
+            await tx.execute(EFFECTS_TABLE)
+        proposal_id = await stage(app)
+        first = await approve(app, proposal_id, "bob")
+        assert first.status == "pending"  # one of two approvals: recorded, nothing told yet
+        assert [event for event, _, _ in await events(app)] == ["proposal.pending"]
+        await approve(app, proposal_id, "carol")
+        told = await events(app)
+    assert [event for event, _, _ in told] == ["proposal.pending", "proposal.decided", "proposal.executed"]
+    assert told[1][2]["decided_by"] == "carol"

@@ -1,6 +1,6 @@
 -- Notifications (mcp_knecht/notify/): an outbox written in the same transaction as the proposal
 -- state change it describes, and one delivery row per (event, destination), claimed by exactly one
--- worker at a time. Mirrors sql/postgresql/0007_notify_outbox.sql.
+-- worker at a time. Mirrors sql/postgresql/0008_notify_outbox.sql.
 CREATE TABLE notify_outbox (
     id           INTEGER PRIMARY KEY,
     uid          TEXT NOT NULL UNIQUE,
