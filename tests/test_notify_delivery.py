@@ -132,7 +132,9 @@ async def test_without_a_public_url_the_link_is_the_command(
 async def test_a_receiver_that_was_down_gets_the_event_later_with_the_same_id(
     staged_env: dict[str, str], webhook_receiver: WebhookReceiver
 ) -> None:
-    env = configure(staged_env, FAST, webhook_receiver)
+    # A backoff long enough that the retry is not due again within the same run_once on a slow machine.
+    env = configure(staged_env, FAST.replace("backoff = 0.05\nmax_backoff = 0.2", "backoff = 1\nmax_backoff = 1"),
+                    webhook_receiver)
     webhook_receiver.mode = "down"
     async with cli_app(env) as app, worker_for(app, env) as worker:
         await stage(app)
@@ -141,7 +143,8 @@ async def test_a_receiver_that_was_down_gets_the_event_later_with_the_same_id(
         assert (row["status"], row["attempts"]) == ("pending", 1)
         assert row["last_error"] == f"webhook: HTTP 503 from {webhook_receiver.url}"
         webhook_receiver.mode = "up"
-        await anyio.sleep(0.25)  # the backoff
+        assert await worker.run_once() == 0  # not due yet
+        await anyio.sleep(1.1)  # the backoff (0.8-1 s), bounded by max_backoff
         assert await worker.run_once() == 1
         [row] = await deliveries(app)
         assert (row["status"], row["attempts"], row["last_error"]) == ("delivered", 2, None)
@@ -224,9 +227,9 @@ async def test_a_worker_that_died_holding_a_delivery_is_replaced_after_its_lease
     async with cli_app(env) as app, worker_for(app, env, name="survivor") as worker:
         await stage(app)
         await outbox.route(app.db, lambda event, facts: ("webhook",))
-        [held] = await outbox.claim(app.db, "killed-worker", lease=0.3, limit=10)
+        [held] = await outbox.claim(app.db, "killed-worker", lease=2.0, limit=10)
         assert await worker.run_once() == 0  # held by another, whose lease still runs
-        await anyio.sleep(0.4)
+        await anyio.sleep(2.1)
         assert await worker.run_once() == 1
         [row] = await deliveries(app)
         assert (row["status"], row["attempts"]) == ("delivered", 2)

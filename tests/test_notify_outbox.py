@@ -140,7 +140,8 @@ async def test_a_two_person_rule_is_told_decided_once_when_the_second_approval_c
     from pathlib import Path
 
     Path(staged_env["KNECHT_CONFIG_DIR"], "policies.toml").write_text(
-        '[[rules]]\ntool = "record_effect"\ndecision = "approve"\napprovers = 2\n', encoding="utf-8")
+        '[[rules]]\ntool = "record_effect"\ndecision = "approve"\napprovers = 2\nreason = "two keys"\n',
+        encoding="utf-8")
     async with open_app(load_settings(env=staged_env), watch_policy=False) as app:
         async with app.db.transaction() as tx:
             await tx.execute(EFFECTS_TABLE)
@@ -152,3 +153,4 @@ async def test_a_two_person_rule_is_told_decided_once_when_the_second_approval_c
         told = await events(app)
     assert [event for event, _, _ in told] == ["proposal.pending", "proposal.decided", "proposal.executed"]
     assert told[1][2]["decided_by"] == "carol"
+    assert (told[0][2]["policy_reason"], told[0][2]["approvers"]) == ("two keys", 2)

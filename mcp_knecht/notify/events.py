@@ -83,6 +83,10 @@ def snapshot(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> dic
         "created_at": proposal.created_at,
         "expires_at": proposal.expires_at,
     }
+    if proposal.policy_reason:  # the policy rule's `reason`, shown to the operator
+        facts["policy_reason"] = _clip(scrub(proposal.policy_reason), MAX_TEXT)
+    if proposal.approvers != 1:
+        facts["approvers"] = proposal.approvers
     if event == DECIDED:
         facts.update(decision=proposal.status, decided_by=proposal.decided_by, decided_at=proposal.decided_at,
                      reason=_clip(scrub(proposal.reason), MAX_TEXT) if proposal.reason else None)

@@ -46,9 +46,11 @@ def _text(event: str, facts: Mapping[str, Any], link: str) -> tuple[str, list[st
     review = f"Review: {link}" if link.startswith(("http://", "https://")) else f"Review with: {link}"
     details = [f"Arguments: {facts.get('arguments') or '(none)'}", f"Hash: {facts.get('arguments_hash')}…"]
     if event == PENDING:
+        why = [f"Why: {facts['policy_reason']}"] if facts.get("policy_reason") else []
+        quorum = [f"Needs {facts['approvers']} different operators."] if facts.get("approvers") else []
         return (f"Approval needed: {ref}",
                 [f"{_who(facts)} proposes {facts['call']}; it waits for an operator until {facts['expires_at']}.",
-                 *details, f"Policy rule: {facts.get('rule')}", review], "info")
+                 *why, *quorum, *details, f"Policy rule: {facts.get('rule')}", review], "info")
     if event == DECIDED:
         verdict = "approved" if facts.get("decision") == "approved" else "rejected"
         lines = [f"{ref}, proposed by {_who(facts)}, was {verdict} by {facts.get('decided_by')}."]
