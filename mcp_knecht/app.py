@@ -28,6 +28,7 @@ from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.errors import ConfigError
+from mcp_knecht.notify import OutboxWriter, notification_worker
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, AuditLog
 from mcp_knecht.store.changes import open_change_feed
@@ -104,7 +105,7 @@ async def assemble(
     catalogue = load_scopes(settings.scopes_dir)
     secrets = SecretRegistry()
     keys = audit.chain.keys
-    proposals = SqlProposalRepository(db, audit.chain)
+    proposals = SqlProposalRepository(db, audit.chain, on_status=OutboxWriter(secrets))  # notify: same transaction
     toolsets = await load_toolsets(ToolsetContext(store=db, settings=settings, scrubber=secrets, changes=changes,
                                                   proposals=proposals))
     try:
@@ -156,6 +157,11 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
     try:
         audit = AuditLog(db, AuditChain(keys))
         app = await assemble(settings, db, audit, changes, extra_tools=extra_tools, observe=observe)
+        try:  # servers deliver notifications ([notify] checked now: fails closed); the CLIs only write the outbox
+            notifications = notification_worker(app) if watch_policy else None
+        except BaseException:
+            await app.close_toolsets()
+            raise
         failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(audit.run)
@@ -164,6 +170,8 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.start_soon(app.watcher.run)
                 tasks.start_soon(_expire_proposals, app)
                 tasks.start_soon(app.ai.run)  # on-demand diagnoses; the worker when a model is set
+            if notifications is not None:
+                tasks.start_soon(notifications)
             try:
                 yield app
             except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup

@@ -19,7 +19,8 @@
     │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
     ├── StoreError                   "store"          the database refused or is unreachable
     │   └── StoreBusyError           "store_busy"     the store cannot keep up right now: retry
-    └── TamperedError                "tampered"       a stored record fails its server-keyed check
+    ├── TamperedError                "tampered"       a stored record fails its server-keyed check
+    └── DeliveryError                "delivery"       a notification channel did not take a message
 
 A `ToolError` reaches the model as a tool result with `isError` and the message; anything else
 raised inside a tool is logged and reaches the model only as "internal error" with a reference,
@@ -126,3 +127,14 @@ class StoreBusyError(StoreError, ToolError):
 
 class TamperedError(KnechtError):
     code = "tampered"
+
+
+class DeliveryError(KnechtError):
+    """A channel refused or did not answer. `permanent`: retrying cannot help (HTTP 410 Gone, a
+    channel no longer configured); the delivery fails at once instead of backing off."""
+
+    code = "delivery"
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent

@@ -18,7 +18,10 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenSettings, TokenVerifier, mint_token
 from mcp_knecht.core.settings import Settings, load_settings
 
-pytest_plugins = ["tests.pg"]  # `database_url`: each test that takes it runs on SQLite and PostgreSQL
+pytest_plugins = [
+    "tests.pg",  # `database_url`: each test that takes it runs on SQLite and PostgreSQL
+    "tests.receivers",  # `webhook_receiver`, `mailbox`: local endpoints for notification tests
+]
 
 REPO = Path(__file__).resolve().parent.parent
 READONLY = ("projects:read", "workflows:read", "runs:read", "logs:read")

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.core.toolset import Toolset, ToolsetContext
+from mcp_knecht.errors import ToolError
 
 EFFECTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS test_effects ("
@@ -55,6 +56,9 @@ def toolset(context: ToolsetContext) -> Toolset:
         await record(args.label, "done", ctx)
         return {"recorded": args.label}
 
+    async def fail_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
+        raise ToolError(f"could not record {args.label}")
+
     async def memo(args: MemoInput, ctx: ToolContext) -> dict[str, Any]:
         if args.action == "set":
             await record(args.text, "memo", ctx)
@@ -65,6 +69,8 @@ def toolset(context: ToolsetContext) -> Toolset:
              input_model=EffectInput, handler=record_effect, effect="write", preview=preview_effect),
         Tool(name="slow_effect", description="Record an effect slowly (test tool).", scope="runs:write",
              input_model=SlowInput, handler=slow_effect, effect="write"),
+        Tool(name="fail_effect", description="Fail to record an effect (test tool).", scope="runs:write",
+             input_model=EffectInput, handler=fail_effect, effect="write"),
         Tool(name="memo", description="Read or write a memo (test tool).", scope="runs:write",
              input_model=MemoInput, handler=memo, action_effects={"get": "read", "set": "write"}),
     ])

@@ -28,6 +28,7 @@ examples:
   mcp-knecht audit verify                    check the audit hash chain
   mcp-knecht login-link --sub bob --profile operator   sign a person in to the web page
   mcp-knecht diagnose 42                     why run 42 failed (needs KNECHT_MODEL_DEFAULT)
+  mcp-knecht notify test                     a test message to every notification channel
 """
 
 
@@ -290,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(quick)
     quick.set_defaults(handler=_cmd_quickstart)
 
+    from mcp_knecht.cli import notify
     from mcp_knecht.cli.admin import add_commands
     from mcp_knecht.cli.diagnose import add_command as add_diagnose
     from mcp_knecht.cli.web import add_commands as add_web_commands
@@ -297,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(commands, _common)
     add_web_commands(commands, _common)
     add_diagnose(commands, _common)
+    notify.add_commands(commands, _common)
     return parser
 
 

@@ -169,6 +169,9 @@ OPENAI_COMPATIBLE_BASE_URL = Variable("KNECHT_OPENAI_COMPATIBLE_BASE_URL", "open
     "base URL of an OpenAI-compatible endpoint (Ollama, vLLM, LiteLLM, a gateway)")
 OPENAI_COMPATIBLE_API_KEY = Variable("KNECHT_OPENAI_COMPATIBLE_API_KEY", "openai_compatible_api_key",
     "its API key, if it needs one")
+WEBHOOK_URL = Variable("KNECHT_WEBHOOK_URL", "webhook_url", "notifications: POST every proposal event here (signed)")
+WEBHOOK_SECRET = Variable("KNECHT_WEBHOOK_SECRET", "webhook_secret",
+    "notifications: the Standard Webhooks signing secret (whsec_…), required with the URL")
 
 VARIABLES: tuple[Variable, ...] = (
     DATABASE_URL,
@@ -198,6 +201,8 @@ VARIABLES: tuple[Variable, ...] = (
     LANGDOCK_REGION,
     OPENAI_COMPATIBLE_BASE_URL,
     OPENAI_COMPATIBLE_API_KEY,
+    WEBHOOK_URL,
+    WEBHOOK_SECRET,
 )
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
 
@@ -232,8 +237,11 @@ class Settings:
     langdock_region: str = "eu"
     openai_compatible_base_url: str | None = None
     openai_compatible_api_key: str | None = field(default=None, repr=False)
+    webhook_url: str | None = field(default=None, repr=False)
+    webhook_secret: str | None = field(default=None, repr=False)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """The whole environment, for names a config file declares (an entity's `database_env`)."""
+    """The whole environment, for names a config file declares (an entity's `database_env`, a
+    notification channel's `${NAME}`)."""
 
     @property
     def scopes_dir(self) -> Path:

@@ -5,24 +5,31 @@ processes (or replicas) exactly one sees a row change — and it commits, in the
 transaction, the audit row that records it: no proposal without its `staged` row, no decision
 without its row. Every read applies expiry: a pending row whose `expires_at` has passed reads as
 `expired`, on every path.
+
+`on_status(tx, proposal)`, if given, is awaited inside the transaction of every status change with
+the proposal as it now is (notifications write their outbox there: no change without its event,
+and no event without its change).
 """
 
 from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.database import Database, Row, exact_matches
+from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, QuorumOutcome
 from mcp_knecht.store.audit_log import AuditChain
 from mcp_knecht.store.quorum import add_approval, approvals_of
 
 _SELECT = "SELECT * FROM proposals"
+
+StatusHook = Callable[[Transaction, Proposal], Awaitable[None]]
+"""`hook(tx, proposal)`: awaited inside the transaction that gave `proposal` its status."""
 
 
 def _effective_status(row: Row, now: str) -> str:
@@ -57,9 +64,14 @@ def _status_condition(status: str | None, now: str) -> tuple[list[str], list[Any
 
 
 class SqlProposalRepository:
-    def __init__(self, db: Database, chain: AuditChain) -> None:
+    def __init__(self, db: Database, chain: AuditChain, *, on_status: StatusHook | None = None) -> None:
         self._db = db
         self._chain = chain
+        self._on_status = on_status
+
+    async def _changed(self, tx: Transaction, row: Row) -> None:
+        if self._on_status is not None:
+            await self._on_status(tx, _proposal(row, clock.timestamp()))
 
     async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
         async with self._db.transaction(durable=True) as tx:
@@ -79,7 +91,7 @@ class SqlProposalRepository:
                 "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, arguments_shown,"
                 " proposer_subject, proposer_client, proposer_scopes, rule, preview_json, status, created_at,"
                 " expires_at, seal, approvers, policy_reason)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?) RETURNING id",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?) RETURNING *",
                 (
                     proposal.tool, proposal.action, proposal.arguments_json, arguments_hash,
                     proposal.arguments_shown, subject, proposal.proposer.client,
@@ -91,6 +103,7 @@ class SqlProposalRepository:
             )
             assert row is not None
             proposal_id = int(row["id"])
+            await self._changed(tx, row)  # before the audit chain takes its (global) lock
             await self._chain.append(tx, [replace(staged, proposal_id=proposal_id)])
         return proposal_id, True
 
@@ -123,8 +136,10 @@ class SqlProposalRepository:
                       durable: bool = True) -> bool:
         """One conditional UPDATE; its audit row commits with it, and only if it changed a row."""
         async with self._db.transaction(durable=durable) as tx:
-            if await tx.execute(sql, params) != 1:
+            changed = await tx.fetch_all(f"{sql} RETURNING *", params)
+            if len(changed) != 1:
                 return False
+            await self._changed(tx, changed[0])  # before the audit chain takes its (global) lock
             if audit is not None:
                 await self._chain.append(tx, [audit])
             return True
@@ -135,15 +150,18 @@ class SqlProposalRepository:
                 "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING *",
                 (now,),
             )
-            expired = [_proposal(row, now) for row in rows]
-            await self._chain.append(tx, [audit(p) for p in sorted(expired, key=lambda p: p.id)])
+            expired = sorted((_proposal(row, now) for row in rows), key=lambda p: p.id)
+            if self._on_status is not None:
+                for proposal in expired:
+                    await self._on_status(tx, proposal)
+            await self._chain.append(tx, [audit(p) for p in expired])
         return expired
 
     async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
                            counts: Callable[[Approval], bool],
                            audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
         return await add_approval(self._db, self._chain, proposal_id, approval, required=required, counts=counts,
-                                  audit=audit)
+                                  audit=audit, approved=self._changed)
 
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(

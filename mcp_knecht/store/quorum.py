@@ -19,11 +19,11 @@ costs, after which the proposal can never run again, even after a power loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.database import Database, Row
+from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.core.proposals import Approval, QuorumOutcome
 from mcp_knecht.store.audit_log import AuditChain
 
@@ -39,7 +39,9 @@ def approval(row: Row) -> Approval:
 async def add_approval(
     db: Database, chain: AuditChain, proposal_id: int, new: Approval, *, required: int,
     counts: Callable[[Approval], bool], audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
+    approved: Callable[[Transaction, Row], Awaitable[None]] | None = None,
 ) -> QuorumOutcome:
+    """`approved(tx, row)`: awaited in the transaction that completes the quorum, with the proposal's row."""
     try:
         async with db.transaction(durable=True) as tx:
             await tx.lock(f"proposal:{proposal_id}")
@@ -58,9 +60,12 @@ async def add_approval(
             pending = "WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?"
             params: tuple[Any, ...] = (proposal_id, new.approved_at, new.operator)
             if completes:
-                changed = await tx.execute(
+                claimed = await tx.fetch_all(
                     "UPDATE proposals SET status = 'executing', decided_by = ?, decided_at = ?, started_at = ?"
-                    f" {pending}", (new.operator, new.approved_at, new.approved_at, *params))
+                    f" {pending} RETURNING *", (new.operator, new.approved_at, new.approved_at, *params))
+                changed = len(claimed)
+                if changed == 1 and approved is not None:
+                    await approved(tx, claimed[0])
             else:  # changes nothing, but only while pending, and holds the row until this commits
                 changed = await tx.execute(f"UPDATE proposals SET status = status {pending}", params)
             if changed != 1:
