@@ -86,5 +86,5 @@ def test_session_limits_are_settings_checked_at_start() -> None:
     assert loaded.sessions_per_subject == 4 and loaded.session_idle_timeout.total_seconds() == 90
     for name, bad in (("KNECHT_SESSIONS_PER_SUBJECT", "0"), ("KNECHT_MAX_SESSIONS", "lots"),
                       ("KNECHT_SESSION_IDLE_TIMEOUT", "2d")):
-        with pytest.raises(ConfigError, match=name):
+        with pytest.raises(ConfigError, match=f"(?i){name}"):
             load_settings(env={**base, name: bad})
