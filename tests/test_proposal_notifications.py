@@ -3,6 +3,7 @@ on change, on both protocol versions. Only the proposer may read or subscribe.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from typing import Any
@@ -25,8 +26,13 @@ def app(staged_app: App) -> App:
     return staged_app
 
 
+_labels = itertools.count()
+
+
 async def stage(app: App, subject: str = "alice") -> int:
-    result = await app.gate.call_tool(Actor(subject, "pytest", frozenset(AGENT)), "record_effect", {"label": "x"})
+    """A new pending proposal (each with its own label: an identical pending one would be reused)."""
+    result = await app.gate.call_tool(Actor(subject, "pytest", frozenset(AGENT)), "record_effect",
+                                      {"label": f"x{next(_labels)}"})
     return int(result.data["id"])  # type: ignore[index]
 
 

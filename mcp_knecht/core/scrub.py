@@ -29,12 +29,19 @@ backslash: a search for text without `*` that matches scrubbed text also matches
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 MASK = "***"
+_REFRESH_EVERY = 0.25
+"""How often `SecretRegistry.refresh` asks a watched source whether its values changed (seconds)."""
 MIN_LITERAL_LENGTH = 6
 """Literal values this long are masked wherever they occur."""
 MIN_TOKEN_LITERAL_LENGTH = 3
@@ -175,6 +182,9 @@ class Scrubber:
         """A scrubber that also masks `values` (exact, case-sensitive; see the module's rules on length)."""
         return Scrubber(self._literals | set(values))
 
+    async def refresh(self, *, force: bool = False) -> None:
+        """Nothing to refresh: a `Scrubber` is immutable (see `SecretRegistry.refresh`)."""
+
     def found_in(self, texts: Iterable[str]) -> frozenset[str]:
         """The literal values that occur in any of `texts` (the caller's own arguments)."""
         if not self._literals:
@@ -240,17 +250,37 @@ def _walk(value: Any, scrub: Callable[[str], str] | None, key: str | None, depth
     return _walk(str(value), scrub, key, depth)
 
 
+LiteralLoader = Callable[[], Awaitable[Iterable[str]]]
+VersionProbe = Callable[[], Awaitable[object]]
+
+
+@dataclass
+class _Source:
+    values: frozenset[str] = frozenset()
+    load: LiteralLoader | None = None
+    version: VersionProbe | None = None
+    seen: object = None
+    checked: float = -math.inf
+
+
 class SecretRegistry:
     """A scrubber whose literal values can be replaced at run time (when variables change).
 
-    Pass the registry itself where a scrubber is expected; `update` swaps the compiled scrubber
-    atomically, so concurrent calls see either the old or the new set.
+    Pass the registry itself where a scrubber is expected; changes swap the compiled scrubber
+    atomically, so concurrent calls see either the old or the new set. Literals come from named
+    sources (each toolset its own), so one source replacing its values leaves the others' alone.
+
+    A source can be `watch`ed: `refresh()` (the gate calls it before every call) asks its cheap
+    `version` probe whether the values changed — in this process, another one, another replica, or
+    the CI system writing the store directly — at most every quarter second, and reloads them.
     """
 
-    __slots__ = ("_scrubber",)
+    __slots__ = ("_refreshing", "_scrubber", "_sources")
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
+        self._sources: dict[str, _Source] = {"": _Source(frozenset(literals))}
         self._scrubber = Scrubber(literals)
+        self._refreshing = False
 
     @property
     def literals(self) -> frozenset[str]:
@@ -261,11 +291,49 @@ class SecretRegistry:
         """The current set, frozen (for a whole result scrubbed alike)."""
         return self._scrubber
 
-    def update(self, values: Iterable[str]) -> None:
-        self._scrubber = Scrubber(values)
+    def _compile(self) -> None:
+        self._scrubber = Scrubber(frozenset().union(*(source.values for source in self._sources.values())))
 
-    def add(self, values: Iterable[str]) -> None:
-        self._scrubber = Scrubber(self._scrubber.literals | set(values))
+    def update(self, values: Iterable[str], *, source: str = "") -> None:
+        """Replace the values of `source` (the default source unless named)."""
+        self._sources.setdefault(source, _Source()).values = frozenset(values)
+        self._compile()
+
+    def add(self, values: Iterable[str], *, source: str = "") -> None:
+        entry = self._sources.setdefault(source, _Source())
+        entry.values = entry.values | set(values)
+        self._compile()
+
+    def watch(self, source: str, load: LiteralLoader, version: VersionProbe) -> None:
+        """Keep `source` current: `refresh` reloads it when `version()` answers something new."""
+        self._sources[source] = _Source(self._sources.get(source, _Source()).values, load, version)
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Reload every watched source whose version changed. Never raises: on a failure the last
+        set stays in force (and the failure is logged)."""
+        if self._refreshing and not force:
+            return  # another call is at it; this one uses the set as it is
+        self._refreshing = True
+        try:
+            now = time.monotonic()
+            for name, source in list(self._sources.items()):
+                if source.load is None or source.version is None:
+                    continue
+                if not force and now - source.checked < _REFRESH_EVERY:
+                    continue
+                source.checked = now
+                try:
+                    version = await source.version()
+                    if force or version != source.seen:
+                        values = frozenset(await source.load())
+                        source.seen = version
+                        if values != source.values:
+                            source.values = values
+                            self._compile()
+                except Exception:
+                    logger.exception("Could not refresh the secret values of %s; the last ones stay in force", name)
+        finally:
+            self._refreshing = False
 
     def found_in(self, texts: Iterable[str]) -> frozenset[str]:
         return self._scrubber.found_in(texts)

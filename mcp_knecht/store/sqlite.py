@@ -10,6 +10,7 @@ and `-shm` files the mode of the database file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -32,10 +33,8 @@ def _create_private(path: Path) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
+    with contextlib.suppress(FileExistsError):  # another process made it first
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:  # another process made it first
-        pass
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
