@@ -129,7 +129,8 @@ async def test_search_strings_cannot_contain_nul(kn: Knecht) -> None:
 
 
 @pytest.mark.slow
-async def test_a_huge_argument_is_not_echoed_back_over_stdio(demo_env: dict[str, str], mint: Callable[..., str]) -> None:
+async def test_a_huge_argument_is_not_echoed_back_over_stdio(demo_env: dict[str, str],
+                                                             mint: Callable[..., str]) -> None:
     """Item 8: `get_project` with a 10 MB argument answered with the 10 MB in its error."""
     params = StdioServerParameters(command=knecht_executable(), args=["serve"],
                                    env=server_env(demo_env, KNECHT_TOKEN=mint("dave", ["projects:read"])))

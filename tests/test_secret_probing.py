@@ -182,8 +182,8 @@ async def test_secrets_with_quotes_backslashes_and_newlines_and_short_ones_are_m
     try:
         async with other.transaction() as tx:
             for name, value in (("ODD", odd), ("SHORT", "k7Q2"), ("TINY", "q9")):
-                await tx.execute("INSERT INTO project_variables (project_id, name, value, secret, updated_at, updated_by)"
-                                 " VALUES (1, ?, ?, 1, '2026-01-01T00:00:00.000000Z', 'ci')", (name, value))
+                await tx.execute("INSERT INTO project_variables (project_id, name, value, secret, updated_at,"
+                                 " updated_by) VALUES (1, ?, ?, 1, '2026-01-01T00:00:00.000000Z', 'ci')", (name, value))
             await tx.execute("DELETE FROM log_lines WHERE run_id = ? AND action_id = 0", (run["id"],))
             await tx.execute_many(
                 "INSERT INTO log_lines (run_id, action_id, line_no, text) VALUES (?, 0, ?, ?)",
