@@ -151,6 +151,13 @@ class SQLiteDatabase:
             await self._writer.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise store_error("sqlite", f"Cannot start a write transaction: {exc}") from exc
+        except BaseException:
+            # Cancelled while waiting (a client went away while another process held the lock): the
+            # driver's thread still runs the BEGIN. Queue a ROLLBACK behind it, or the connection stays
+            # inside that transaction and every later write fails.
+            with anyio.CancelScope(shield=True), contextlib.suppress(sqlite3.Error):
+                await self._writer.execute("ROLLBACK")
+            raise
         try:
             yield
         except BaseException:
