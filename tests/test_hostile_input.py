@@ -159,3 +159,34 @@ async def test_the_operator_terminal_shows_controls_and_bidi_characters_as_escap
             assert bad not in done.stdout + done.stderr
     assert "\\u202e" in outputs[0].stdout and "\\u001b[31m" in outputs[0].stdout
     assert json.loads(shown_json.stdout)["arguments"]["value"] == hostile  # JSON escapes: the same value
+
+
+@pytest.mark.slow
+async def test_a_terminated_http_server_writes_its_last_audit_rows_before_it_exits(
+    demo_env: dict[str, str], mint: Callable[..., str]
+) -> None:
+    """Every call audited, also at the end: SIGTERM while another process holds the store's write
+    lock (so the rows wait in the buffer) — the server shuts down, writes them once it can, exits 0."""
+    import signal
+    import sqlite3
+    import threading
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.servers import http_server_process
+
+    with http_server_process(demo_env) as (base, process):
+        path = demo_env["KNECHT_DATABASE_URL"].removeprefix("sqlite:///")
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")  # the store is busy: audit rows wait in the buffer
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {mint('erin')}"}) as http, Client(
+                streamable_http_client(f"{base}/mcp", http_client=http)) as client:
+            for _ in range(5):
+                assert not (await client.call_tool("list_projects", {})).is_error
+        process.send_signal(signal.SIGTERM)
+        threading.Timer(2.0, lambda: (other.execute("ROLLBACK"), other.close())).start()
+        assert process.wait(timeout=60) == 0
+    listed = json.loads((await acli("mcp-knecht", demo_env, "audit", "list", "--json", "--tool", "list_projects",
+                                    "--subject", "erin")).stdout)
+    assert len(listed) == 5

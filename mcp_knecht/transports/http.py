@@ -207,6 +207,33 @@ def _sessions_open(server: Any) -> int:
     return len(getattr(server.session_manager, "_server_instances", {}))
 
 
+def _graceful_server(config: Any) -> Any:
+    """A uvicorn server that, on SIGTERM or SIGINT, stops serving and returns. uvicorn itself raises
+    the signal again once it has shut down, which ends the process at once — before the app's own
+    cleanup writes the audit log's last rows (held back, say, while another process locks the store)."""
+    import signal
+    import threading
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer(config)
+
+
 async def serve_http(app: App, verifier: TokenVerifier, *, host: str, port: int, stateless: bool,
                      public_url: str | None = None, metrics: Metrics | None = None, json_logs: bool = False) -> None:
     import uvicorn
@@ -219,6 +246,6 @@ async def serve_http(app: App, verifier: TokenVerifier, *, host: str, port: int,
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on", log_config=log_config,
                             timeout_graceful_shutdown=5)
     try:
-        await uvicorn.Server(config).serve()
+        await _graceful_server(config).serve()
     except SystemExit as exc:  # uvicorn exits when it cannot bind
         raise ConfigError(f"The HTTP server could not start on {host}:{port} (is the port in use?).") from exc
