@@ -52,6 +52,8 @@ def test_both_dialects_have_the_same_migrations(migrations: Migrations) -> None:
     """A migration added for one store must be added for the other, with the same number and name."""
     names = {d: [(m.version, m.name) for m in migrations.available(d)] for d in ("sqlite", "postgresql")}
     assert names["sqlite"] == names["postgresql"] != []
+    versions = [version for version, _ in names["sqlite"]]
+    assert len(versions) == len(set(versions)), "two migrations share a number: one of them would never run"
 
 
 @pytest.mark.parametrize(("sql", "expected"), [
