@@ -282,7 +282,7 @@ class Gate:
         return self._tool_error("forbidden", UnknownToolError(label(name, _MAX_AUDITED_NAME)), keep)
 
     async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source,
-                      keep: frozenset[str]) -> BaseModel | GateResult:
+                      keep: frozenset[str] = frozenset()) -> BaseModel | GateResult:
         """The arguments with everything decided now filled in (`Tool.freeze`), validated again."""
         if tool.freeze is None:
             return validated
