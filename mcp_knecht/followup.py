@@ -13,6 +13,7 @@ from pydantic import Field
 from mcp_knecht.core import clock
 from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.proposals import DECIDED, OPEN, STATUSES, Proposal, ProposalRepository, Status
+from mcp_knecht.core.scrub import Masked
 from mcp_knecht.core.toolset import (
     InvalidArgumentsError,
     NotFoundError,
@@ -40,6 +41,9 @@ class ListProposalsInput(ToolInput):
         default=None, description="Only proposals with this status: " + ", ".join(STATUSES) + ".",
     )
     limit: int = Field(default=20, ge=1, le=50, description="How many, newest first (1-50).")
+    before: int | None = Field(
+        default=None, ge=1, description="Paging: only proposals with an id lower than this (the last id of "
+        "the previous page); omit for the newest.")
     unseen: bool = Field(
         default=False,
         description="Only your decided proposals (succeeded, failed, rejected, expired) whose outcome you have "
@@ -61,6 +65,14 @@ which of your staged calls were approved, rejected or have expired. With unseen=
 the decisions you have not seen yet (each returned once) — call it at the start of a session."""
 
 
+def shown(proposal: Proposal) -> dict[str, Any]:
+    """A proposal as its proposer's agent sees it. Its arguments were masked when it was staged
+    (secret arguments, and every secret but what the proposer sent itself): masking them again
+    now would tell the proposer which of its own values are secrets."""
+    public = proposal.public()
+    return {**public, "arguments": Masked(public["arguments"])}
+
+
 def _own(proposal: Proposal | None, subject: str, proposal_id: int) -> Proposal:
     if proposal is None or proposal.proposer_subject != subject:
         raise NotFoundError(f"Proposal #{proposal_id} does not exist.")
@@ -75,7 +87,7 @@ def followup_tools(proposals: ProposalRepository, changes: ChangeFeed) -> list[T
         """The outcome as the agent sees it now; a decided one leaves the agent's inbox."""
         if proposal.status in DECIDED:
             await proposals.mark_seen(proposal.id)
-        return proposal.public()
+        return shown(proposal)
 
     async def get_proposal(args: GetProposalInput, ctx: ToolContext) -> dict[str, Any]:
         proposal = await _read(args.id, ctx.actor.subject)
@@ -97,9 +109,10 @@ def followup_tools(proposals: ProposalRepository, changes: ChangeFeed) -> list[T
             if args.status is not None:
                 raise InvalidArgumentsError("list_proposals", [
                     {"field": "status", "problem": "give either unseen or status, not both"}])
-            return {"proposals": [p.public() for p in await proposals.take_unseen(ctx.actor.subject, args.limit)]}
-        found = await proposals.list(status=args.status, subject=ctx.actor.subject, limit=args.limit)
-        return {"proposals": [p.public() for p in found]}
+            return {"proposals": [shown(p) for p in await proposals.take_unseen(ctx.actor.subject, args.limit)]}
+        found = await proposals.list(status=args.status, subject=ctx.actor.subject, limit=args.limit,
+                                     before_id=args.before)
+        return {"proposals": [shown(p) for p in found]}
 
     return [
         Tool(name="get_proposal", description=GET_PROPOSAL, scope="proposals:read", input_model=GetProposalInput,

@@ -30,6 +30,14 @@ def free_port() -> int:
 @contextmanager
 def http_server(env: dict[str, str], *extra_args: str, timeout: float = 30.0) -> Iterator[str]:
     """Start a server on a free port; yield its base URL; always stop it."""
+    with http_server_process(env, *extra_args, timeout=timeout) as (base, _):
+        yield base
+
+
+@contextmanager
+def http_server_process(env: dict[str, str], *extra_args: str,
+                        timeout: float = 30.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`http_server`, yielding the process too (to signal it)."""
     port = free_port()
     errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in the finally below
     process = subprocess.Popen(
@@ -55,7 +63,7 @@ def http_server(env: dict[str, str], *extra_args: str, timeout: float = 30.0) ->
             if time.monotonic() > deadline:
                 raise RuntimeError("server did not become ready in time")
             time.sleep(0.1)
-        yield base
+        yield base, process
     finally:
         process.terminate()
         try:

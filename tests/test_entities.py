@@ -366,3 +366,20 @@ async def test_the_real_knecht_approve_executes_an_entity_proposal(app: App, app
     approved = await acli("knecht-approve", cli_env, "approve", str(staged["id"]), "--as", "bob")
     assert approved.returncode == 0 and "succeeded" in approved.stdout, approved.stdout + approved.stderr
     assert await app_rows(app_url, "SELECT city FROM users WHERE id = 2") == [{"city": "Espoo"}]
+
+
+async def test_an_exact_filter_cannot_confirm_a_masked_value(app: App, app_url: str) -> None:
+    """Issue 11, item 1 for the entities' filters: a filter compares with what the caller may see,
+    so a value shown masked (a secret the server knows) matches no row, and the answer for the right
+    guess is the answer for a wrong one."""
+    app.secrets.add(["Summer2026!"])
+    await app_execute(app_url, "UPDATE orders SET note = ? WHERE id = 3", ("Summer2026!",))
+    await app_execute(app_url, "UPDATE orders SET note = ? WHERE id = 4", ("password=hunter22",))
+    async with client_for(app, actor("admin")) as client:
+        shown = await rows(client, "query_orders", {"filters": {"id": 3}})
+        assert shown[0]["note"] == "***"
+        for right, wrong in (("Summer2026!", "Summer2026?"), ("password=hunter22", "password=hunter23")):
+            assert await call(client, "query_orders", {"filters": {"note": right}}) == \
+                await call(client, "query_orders", {"filters": {"note": wrong}})
+            assert await rows(client, "query_orders", {"filters": {"note": right}}) == []
+        assert [r["id"] for r in await rows(client, "query_orders", {"filters": {"note": "gift wrap"}, "limit": 50})]

@@ -3,6 +3,7 @@ on change, on both protocol versions. Only the proposer may read or subscribe.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from typing import Any
@@ -25,8 +26,13 @@ def app(staged_app: App) -> App:
     return staged_app
 
 
+_labels = itertools.count()
+
+
 async def stage(app: App, subject: str = "alice") -> int:
-    result = await app.gate.call_tool(Actor(subject, "pytest", frozenset(AGENT)), "record_effect", {"label": "x"})
+    """A new pending proposal (each with its own label: an identical pending one would be reused)."""
+    result = await app.gate.call_tool(Actor(subject, "pytest", frozenset(AGENT)), "record_effect",
+                                      {"label": f"x{next(_labels)}"})
     return int(result.data["id"])  # type: ignore[index]
 
 
@@ -114,3 +120,99 @@ async def test_the_watcher_announces_changes_after_its_start_not_history(app: Ap
     assert {(c.proposal_id, c.status, c.subject) for c in heard} == {
         (still_open, "succeeded", "alice"), (quick, "rejected", "alice")}
     assert await watcher.poll() == []
+
+
+# --- Issue 11, item 10: resources are the gate's get_proposal, subscriptions belong to a connection ---
+
+
+class _Updates:
+    """The `notifications/resources/updated` a legacy client receives, in order."""
+
+    def __init__(self) -> None:
+        self.uris: list[str] = []
+        self._arrived = anyio.Event()
+
+    async def __call__(self, message: Any) -> None:
+        params = getattr(getattr(message, "root", message), "params", None)
+        if getattr(params, "uri", None) is not None:
+            self.uris.append(str(params.uri))
+            self._arrived.set()
+            self._arrived = anyio.Event()
+
+    async def until(self, uri: str) -> None:
+        with anyio.fail_after(10):
+            while uri not in self.uris:
+                await self._arrived.wait()
+
+
+async def test_a_legacy_unsubscribe_ends_notifications_and_a_double_subscribe_notifies_once(app: App) -> None:
+    from mcp_knecht import testing
+
+    gone, twice, sentinel = await stage(app), await stage(app), await stage(app)
+    uri = {n: f"knecht://proposals/{n}" for n in (gone, twice, sentinel)}
+    updates = _Updates()
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    async with Client(server_for_app(app, lambda ctx: alice), mode="legacy", message_handler=updates) as client:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # resources/subscribe is deprecated in 2026-07-28, alive in 2025-11-25
+            for n in (gone, twice, twice, sentinel):
+                await client.subscribe_resource(uri[n])
+            await client.unsubscribe_resource(uri[gone])
+        for n in (gone, twice):
+            await testing.reject(app, n, "no")
+        await updates.until(uri[twice])
+        await testing.reject(app, sentinel, "no")
+        await updates.until(uri[sentinel])  # announced in order: anything about the others came before
+    assert updates.uris == [uri[twice], uri[sentinel]]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_resources_need_proposals_read_and_every_read_is_audited(app: App, mode: str) -> None:
+    proposal_id = await stage(app, subject="alice")
+    uri = f"knecht://proposals/{proposal_id}"
+    scopeless = Actor("alice", "pytest", frozenset({"runs:write"}))  # the proposer, without proposals:read
+    async with Client(server_for_app(app, lambda ctx: scopeless), mode=mode) as client:
+        assert (await client.list_resources()).resources == []
+        with pytest.raises(MCPError, match="Unknown resource"):
+            await client.read_resource(uri)
+        if mode == "legacy":
+            with pytest.raises(MCPError, match="Unknown resource"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                await client.subscribe_resource(uri)
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    async with Client(server_for_app(app, lambda ctx: alice), mode=mode) as client:
+        read = json.loads((await client.read_resource(uri)).contents[0].text)  # type: ignore[union-attr]
+    await app.audit.flush()
+    rows = await app.db.fetch_all("SELECT outcome, subject FROM audit_log WHERE tool = 'get_proposal' ORDER BY id")
+    assert [row["outcome"] for row in rows][-2:] == ["forbidden", "ran"] and rows[-1]["subject"] == "alice"
+    async with Client(server_for_app(app, lambda ctx: alice), mode=mode) as client:
+        assert json.loads((await client.call_tool("get_proposal", {"id": proposal_id})).content[0].text) == read
+
+
+async def test_a_resource_shows_the_status_get_proposal_shows(app: App) -> None:
+    proposal_id = await stage(app)
+    async with app.db.transaction() as tx:  # its time ran out; no sweep has written "expired" yet
+        await tx.execute("UPDATE proposals SET expires_at = '2000-01-01T00:00:00.000000Z' WHERE id = ?",
+                         (proposal_id,))
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    async with Client(server_for_app(app, lambda ctx: alice)) as client:
+        read = json.loads((await client.read_resource(f"knecht://proposals/{proposal_id}")).contents[0].text)  # type: ignore[union-attr]
+        listed = {r.uri: r.description for r in (await client.list_resources()).resources}
+    assert read["status"] == "expired"
+    assert listed[f"knecht://proposals/{proposal_id}"] == "record_effect: expired"
+
+
+async def test_resources_page_past_fifty(app: App) -> None:
+    made = {await stage(app) for _ in range(61)}
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    seen: list[str] = []
+    async with Client(server_for_app(app, lambda ctx: alice)) as client:
+        page = await client.list_resources()
+        seen += [str(r.uri) for r in page.resources]
+        while page.next_cursor is not None:
+            page = await client.list_resources(cursor=page.next_cursor)
+            seen += [str(r.uri) for r in page.resources]
+        with pytest.raises(MCPError, match="Invalid cursor"):
+            await client.list_resources(cursor="x'; DROP TABLE proposals; --")
+    assert len(seen) == len(set(seen)) == 61
+    assert {int(u.rsplit("/", 1)[1]) for u in seen} == made

@@ -52,6 +52,8 @@ def test_both_dialects_have_the_same_migrations(migrations: Migrations) -> None:
     """A migration added for one store must be added for the other, with the same number and name."""
     names = {d: [(m.version, m.name) for m in migrations.available(d)] for d in ("sqlite", "postgresql")}
     assert names["sqlite"] == names["postgresql"] != []
+    versions = [version for version, _ in names["sqlite"]]
+    assert len(versions) == len(set(versions)), "two migrations share a number: one of them would never run"
 
 
 @pytest.mark.parametrize(("sql", "expected"), [
@@ -317,3 +319,26 @@ async def test_both_stores_answer_the_knecht_queries_identically(tmp_path: Any, 
         finally:
             await store.close()
     assert answers[0] == answers[1]
+
+
+async def test_a_write_cancelled_while_waiting_for_the_lock_does_not_wedge_the_writer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A request cancelled (its client gone) while another process holds SQLite's write lock must not
+    leave the server's writer inside a transaction: every later write would fail."""
+    import sqlite3
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    db = await open_database(url)
+    try:
+        other = sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock …
+        threading.Timer(1.0, lambda: (other.execute("ROLLBACK"), other.close())).start()  # … for a second
+        with anyio.move_on_after(0.3):
+            async with db.transaction() as tx:
+                await tx.execute("CREATE TABLE never (x INTEGER)")
+        async with db.transaction() as tx:  # the cancelled BEGIN went through in the driver's thread
+            await tx.execute("CREATE TABLE later (x INTEGER)")
+        assert await db.fetch_one("SELECT name FROM sqlite_master WHERE name = 'later'") is not None
+        assert await db.fetch_one("SELECT name FROM sqlite_master WHERE name = 'never'") is None
+    finally:
+        await db.close()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, report, say
+from mcp_knecht.cli.terminal import safe_output
 from mcp_knecht.errors import KnechtError
 
 if TYPE_CHECKING:
@@ -204,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with safe_output():  # proposals carry text an agent chose: it must not rewrite the terminal
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return anyio.run(_with_decisions, args)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mcp_knecht.cli.errors import EXIT_OK, EXIT_USAGE, report, say
+from mcp_knecht.cli.terminal import safe_output
 from mcp_knecht.errors import KnechtError
 
 if TYPE_CHECKING:
@@ -306,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("serve", "quickstart"):  # stdout may carry MCP itself: left as it is
+        return _run(args)
+    with safe_output():  # audit rows and proposals carry text callers chose: it must not rewrite the terminal
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args))
     except KnechtError as exc:

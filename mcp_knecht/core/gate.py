@@ -16,15 +16,22 @@
 Freezing only reads, so a call denied at step 5 has still changed nothing.
 
 MCP calls, execution of approved proposals and in-server features all come through here.
+
+Hostile input gets a clear error, is audited, and changes nothing for anyone else: arguments are
+checked for values no tool may receive before any model sees them (`core.validation`), every
+echo in an error is bounded, answers are masked value by value (`core.scrub`) so masking can
+neither break nor fail a result, and anything that still goes wrong becomes an audited internal
+error with a reference.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import reprlib
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -35,8 +42,9 @@ from mcp_knecht.core.audit import AuditEntry, AuditSink, Observer, Outcome
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.core.policy import Decision, Policy
 from mcp_knecht.core.registry import Registry
+from mcp_knecht.core.scrub import MASK, Scrubber
 from mcp_knecht.core.tools import MCP, Source, Tool, ToolContext
-from mcp_knecht.core.validation import validate_arguments
+from mcp_knecht.core.validation import label, validate_arguments
 from mcp_knecht.errors import (
     ConflictError,
     InvalidArgumentsError,
@@ -51,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 _MAX_AUDITED_NAME = 200
 _MAX_AUDITED_ARGUMENTS = 4_000
+MAX_ERROR_CHARS = 2_000
+"""An error message is cut here (after masking): no error repeats a huge argument back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,8 @@ class FrozenCall:
     arguments_hash: str
     decision: Decision
     source: Source = MCP
+    arguments_shown: str = ""
+    """The arguments as people see them: secret arguments and secrets masked (canonical JSON)."""
 
 
 class Stager(Protocol):
@@ -82,11 +94,27 @@ class Stager(Protocol):
         ...
 
 
-Scrubber = Callable[[str], str]
+class Masking(Protocol):
+    """What the gate masks outputs with (`core.scrub.Scrubber`, or the app's `SecretRegistry`)."""
+
+    def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str: ...
+    def data(self, value: Any, keep: frozenset[str] = frozenset()) -> Any: ...
+    def found_in(self, texts: Iterable[str]) -> frozenset[str]: ...
+    async def refresh(self, *, force: bool = False) -> None: ...
 
 
-def _no_scrub(text: str) -> str:
-    return text
+def _strings(value: object) -> Iterator[str]:
+    """Every string in the caller's arguments (keys too): what the caller may see again."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(k for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _internal_error(tool_name: str, doing: str) -> GateResult:
@@ -96,6 +124,12 @@ def _internal_error(tool_name: str, doing: str) -> GateResult:
     message = f"Internal error while {doing} {tool_name} (reference {reference}); the server log has details."
     return GateResult("failed", message, {"error": {"code": "internal", "message": message}},
                       is_error=True, error_code="internal")
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    return f"{message[:MAX_ERROR_CHARS]}… (message cut: {len(message)} characters)"
 
 
 def _why_staged(decision: Decision) -> str:
@@ -112,8 +146,9 @@ def _denied(tool: Tool, action: str | None, decision: Decision) -> GateResult:
 
 
 def _error(outcome: Outcome, exc: ToolError) -> GateResult:
-    data = {"error": {"code": exc.code, "message": exc.message, **exc.details}}
-    return GateResult(outcome, exc.message, data, is_error=True, error_code=exc.code)
+    message = _bounded(exc.message)
+    data = {"error": {"code": exc.code, "message": message, **exc.details}}
+    return GateResult(outcome, message, data, is_error=True, error_code=exc.code)
 
 
 class Gate:
@@ -124,7 +159,7 @@ class Gate:
         *,
         policy: Callable[[], Policy] = Policy,
         stager: Stager | None = None,
-        scrub: Scrubber = _no_scrub,
+        scrub: Masking | None = None,
         hash_arguments: Callable[[str], str] = sha256_hex,
         observe: Observer | None = None,
     ) -> None:
@@ -134,7 +169,7 @@ class Gate:
         self._audit = audit
         self._policy = policy
         self._stager = stager
-        self._scrub = scrub
+        self._scrub: Masking = scrub if scrub is not None else Scrubber()
         self.hash_arguments = hash_arguments
         self._observe = observe
 
@@ -155,14 +190,19 @@ class Gate:
         if not self._audit.accepting():
             busy = StoreBusyError("The store is busy and the audit log is waiting to write; nothing ran. "
                                   "Retry in a few seconds.")
-            return self._finish(actor, source, started, _error("failed", busy), str(name)[:_MAX_AUDITED_NAME])
+            return self._finish(actor, source, started, _error("failed", busy), name)
+        await self._scrub.refresh()  # secrets written elsewhere since the last call are masked too
+        # What the caller sent it may see again: the literals in it are not masked in its answer,
+        # so an echo can never tell whether a guess was a secret.
+        keep = self._scrub.found_in(_strings([name, arguments]))
         tool = self._look_up(actor, name, allowed)
         if tool is None:
-            return self._finish(actor, source, started, self._forbidden(name), name, arguments=arguments)
+            return self._finish(actor, source, started, self._forbidden(name, keep), name, arguments=arguments)
         try:
             validated = validate_arguments(tool.name, tool.input_model, arguments)
         except InvalidArgumentsError as exc:
-            return self._finish(actor, source, started, _error("invalid", exc), name, arguments=arguments)
+            return self._finish(actor, source, started, self._tool_error("invalid", exc, keep), name,
+                                arguments=arguments)
         action = getattr(validated, "action", None) if tool.action_effects else None
         if not actor.holds(needed := tool.scope_of(action)):
             missing = MissingScopeError(f"{tool.name}.{action} needs scope {needed}, which your token does not hold.")
@@ -170,7 +210,7 @@ class Gate:
         decision = self._policy().settled(tool, action, actor)
         if decision is not None and decision.mode == "deny":
             return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
-        frozen = await self._freeze(actor, tool, validated, source)
+        frozen = await self._freeze(actor, tool, validated, source, keep)
         if isinstance(frozen, GateResult):
             return self._finish(actor, source, started, frozen, name, action, decision)
         if decision is None:
@@ -181,12 +221,13 @@ class Gate:
             if decision.mode == "deny":
                 return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
         if decision.mode == "approve":
-            result, call, recorded = await self._stage(actor, tool, action, frozen, decision, source, started)
+            result, call, recorded = await self._stage(actor, tool, action, frozen, decision, source, started, keep)
             return self._finish(actor, source, started, result, name, action, decision, call=call, recorded=recorded)
-        result = await self.execute(actor, tool, frozen, source=source)
+        result = await self.execute(actor, tool, frozen, source=source, keep=keep)
         return self._finish(actor, source, started, result, name, action, decision, validated=frozen)
 
-    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source) -> GateResult:
+    async def execute(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source,
+                      keep: frozenset[str] = frozenset()) -> GateResult:
         """Run a validated, frozen call. Shared by the gate and the executor of approved proposals."""
         if source.executes_proposal and (missing := tool.unfrozen(arguments)):
             return self._tool_error("failed", ConflictError(
@@ -195,10 +236,10 @@ class Gate:
         try:
             raw = await tool.handler(arguments, ToolContext(actor=actor, source=source))
         except ToolError as exc:
-            return self._tool_error("failed", exc)
+            return self._tool_error("failed", exc, keep)
         except Exception:
             return _internal_error(tool.name, "running")
-        return self._render(raw)
+        return self._render(tool.name, raw, keep)
 
     async def decide(self, actor: Actor, tool: Tool, action: str | None, arguments: BaseModel, *,
                      source: Source) -> Decision | GateResult:
@@ -237,10 +278,11 @@ class Gate:
             return None
         return tool
 
-    def _forbidden(self, name: str) -> GateResult:
-        return _error("forbidden", UnknownToolError(str(name)[:_MAX_AUDITED_NAME]))
+    def _forbidden(self, name: object, keep: frozenset[str]) -> GateResult:
+        return self._tool_error("forbidden", UnknownToolError(label(name, _MAX_AUDITED_NAME)), keep)
 
-    async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source) -> BaseModel | GateResult:
+    async def _freeze(self, actor: Actor, tool: Tool, validated: BaseModel, source: Source,
+                      keep: frozenset[str] = frozenset()) -> BaseModel | GateResult:
         """The arguments with everything decided now filled in (`Tool.freeze`), validated again."""
         if tool.freeze is None:
             return validated
@@ -248,13 +290,13 @@ class Gate:
             frozen = await tool.freeze(validated, ToolContext(actor=actor, source=source))
             return validate_arguments(tool.name, tool.input_model, frozen.model_dump(mode="json"))
         except ToolError as exc:
-            return self._tool_error("failed", exc)
+            return self._tool_error("invalid" if isinstance(exc, InvalidArgumentsError) else "failed", exc, keep)
         except Exception:
             return _internal_error(tool.name, "preparing")
 
     async def _stage(
         self, actor: Actor, tool: Tool, action: str | None, validated: BaseModel, decision: Decision,
-        source: Source, started: float,
+        source: Source, started: float, keep: frozenset[str],
     ) -> tuple[GateResult, FrozenCall | None, bool]:
         """Stage the call; True when its audit row was written with the proposal."""
         if self._stager is None:
@@ -262,43 +304,47 @@ class Gate:
                 f"{tool.name} needs approval, but this server has no proposal store configured."
             )
             return _error("denied", refused), None, False
-        arguments_json = canonical_json(validated.model_dump(mode="json"))
-        arguments_hash = self.hash_arguments(arguments_json)
-        call = FrozenCall(tool, action, validated, arguments_json, arguments_hash, decision, source)
-        staged = self._entry(actor, source, started, "staged", tool.name, action, decision, arguments_hash, {})
         try:
+            arguments = validated.model_dump(mode="json")
+            arguments_json = canonical_json(arguments)
+            arguments_hash = self.hash_arguments(arguments_json)
+            hidden = tool.hidden_arguments(validated)
+            shown = self._scrub.data(
+                {name: MASK if name in hidden and value is not None else value for name, value in arguments.items()},
+                keep)
+            call = FrozenCall(tool, action, validated, arguments_json, arguments_hash, decision, source,
+                              arguments_shown=canonical_json(shown))
+            staged = self._entry(actor, source, started, "staged", tool.name, action, decision, arguments_hash, {})
             proposal = await self._stager.stage(call, actor, staged)
         except ToolError as exc:
-            return self._tool_error("failed", exc), call, False
+            return self._tool_error("failed", exc, keep), None, False
         except Exception:
-            return _internal_error(tool.name, "staging"), call, False
+            return _internal_error(tool.name, "staging"), None, False
         if proposal.pop("created", True):
             text = f"Submitted for approval (#{proposal['id']}).{_why_staged(decision)}{_follow_up(proposal)}"
         else:
             text = (f"Already pending approval (#{proposal['id']}): you proposed exactly this call before and it "
                     f"still waits for a decision; nothing new was staged.{_follow_up(proposal)}")
-        return GateResult("staged", self._scrub(text), self._scrub_data(proposal)), call, True
+        return GateResult("staged", self._scrub(text, keep), self._scrub.data(proposal, keep)), call, True
 
-    def _tool_error(self, outcome: Outcome, exc: ToolError) -> GateResult:
-        """A tool's own error, scrubbed like any output: its message may quote stored data."""
-        result = _error(outcome, exc)
-        return GateResult(outcome, self._scrub(result.text), self._scrub_data(result.data or {}),
-                          is_error=True, error_code=result.error_code)
+    def _tool_error(self, outcome: Outcome, exc: ToolError, keep: frozenset[str] = frozenset()) -> GateResult:
+        """A tool's own error, masked like any output (its message may quote stored data), then
+        bounded: masked first, so a cut can never leave half a secret."""
+        message = _bounded(self._scrub(exc.message, keep))
+        details = self._scrub.data(exc.details, keep)
+        data = {"error": {"code": exc.code, "message": message, **details}}
+        return GateResult(outcome, message, data, is_error=True, error_code=exc.code)
 
-    def _render(self, raw: Any) -> GateResult:
-        if isinstance(raw, BaseModel):
-            raw = raw.model_dump(mode="json")
-        data = raw if isinstance(raw, dict) else {"result": raw}
-        text = json.dumps(data, ensure_ascii=False, default=str)
-        scrubbed = self._scrub(text)
-        if scrubbed != text:
-            data = json.loads(scrubbed)
-        return GateResult("ran", scrubbed, data)
-
-    def _scrub_data(self, data: dict[str, Any]) -> dict[str, Any]:
-        text = json.dumps(data, ensure_ascii=False, default=str)
-        scrubbed = self._scrub(text)
-        return data if scrubbed == text else json.loads(scrubbed)
+    def _render(self, tool_name: str, raw: Any, keep: frozenset[str]) -> GateResult:
+        """A handler's result as JSON-ready data, masked value by value (never as JSON text, so a
+        mask cannot change its structure). Never raises: at worst it is an internal error."""
+        try:
+            data = self._scrub.data(raw, keep)
+            if not isinstance(data, dict):
+                data = {"result": data}
+            return GateResult("ran", json.dumps(data, ensure_ascii=False), data)
+        except Exception:
+            return _internal_error(tool_name, "rendering the result of")
 
     def _finish(
         self,
@@ -306,7 +352,7 @@ class Gate:
         source: Source,
         started: float,
         result: GateResult,
-        name: str,
+        name: object,
         action: str | None = None,
         decision: Decision | None = None,
         *,
@@ -339,13 +385,13 @@ class Gate:
             logger.exception("Observing the outcome of %s failed", entry.tool)
 
     @staticmethod
-    def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: str, action: str | None,
+    def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: object, action: str | None,
                decision: Decision | None, arguments_hash: str | None, detail: dict[str, Any]) -> AuditEntry:
         return AuditEntry(
             source=str(source),
-            subject=actor.subject,
-            client=actor.client,
-            tool=str(name)[:_MAX_AUDITED_NAME],
+            subject=label(actor.subject, _MAX_AUDITED_NAME),
+            client=label(actor.client, _MAX_AUDITED_NAME),
+            tool=label(name, _MAX_AUDITED_NAME),
             action=action,
             outcome=outcome,
             rule=decision.rule if decision else None,
@@ -364,9 +410,11 @@ def _follow_up(proposal: dict[str, Any]) -> str:
 
 
 def _bounded_repr(arguments: object) -> str:
-    """Arguments of a refused call, for the audit log; bounded, since they may be hostile."""
+    """Arguments of a refused call, for the audit log: bounded and plain ASCII (escapes keep a
+    lone surrogate or a control character visible without making the row unwritable), since
+    they may be hostile."""
     try:
-        text = json.dumps(arguments, ensure_ascii=False, default=repr)
-    except (TypeError, ValueError):
-        text = repr(arguments)
+        text = json.dumps(arguments, ensure_ascii=True, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        text = ascii(reprlib.repr(arguments))
     return text if len(text) <= _MAX_AUDITED_ARGUMENTS else text[:_MAX_AUDITED_ARGUMENTS] + "…(truncated)"

@@ -1,25 +1,52 @@
-"""Scrubbing: mask secrets in text before it leaves the server.
+"""Scrubbing: mask secrets in what leaves the server.
 
-    scrub = Scrubber().with_literals({"s3cr3t-value"})
-    scrub('password=hunter2 key AKIAABCDEFGHIJKLMNOP')  →  'password=*** key AKIA****************'
+    scrub = Scrubber({"s3cr3t-value"})
+    scrub('password=hunter2 key AKIAABCDEFGHIJKLMNOP')  →  'password=*** key AKIA***'
+    scrub.data({"log": 'the "s3cr3t-value"', "password": "x"})  →  {"log": 'the "***"', "password": "***"}
 
 One precompiled alternation finds every known secret shape (cloud keys, GitHub/GitLab/Slack
 tokens, JWTs, PEM private keys, `password=`/`token:` pairs, credentials in URLs) and the literal
 values registered from configuration (a project's secret variables). A cheap prefilter on
 lower-cased text skips the regex for clean text, so scrubbing every result costs microseconds.
 
-Masks contain no quotes and no backslashes, and a match never spans a quote or backslash, so
-JSON text stays valid JSON after scrubbing.
+Structured results are masked value by value (`data`), never as serialised JSON: a mask replaces
+characters inside a string and can never change a result's structure, whatever a secret's value
+(`": null`, a quote, a backslash, a newline). A dict entry whose key names a secret (`password`,
+`api_key`, …) has its whole string value masked.
+
+Literal values: 6 characters or more are masked wherever they occur; 3 to 5 characters only
+where they stand as a whole token (not inside a longer word or number: `abc12` is masked in
+`pass abc12 now`, not in `xabc12y`); shorter ones are not masked at all — they protect nothing.
+
+What the caller sent it may see again: `keep` (the literals found in the caller's own arguments,
+`found_in`) are not masked in the answer to that call, so echoing a guess back can never tell
+whether the guess was a secret. Data a tool masked at its source is wrapped in `Masked` and left
+as it is.
+
+Every mask ends in `***`, the only text scrubbing adds, and a mask never spans a quote or a
+backslash: a search for text without `*` that matches scrubbed text also matches the original.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 MASK = "***"
+_REFRESH_EVERY = 0.25
+"""How often `SecretRegistry.refresh` asks a watched source whether its values changed (seconds)."""
 MIN_LITERAL_LENGTH = 6
-"""Shorter literal values are not masked: masking 'on' or '1' everywhere would destroy outputs."""
+"""Literal values this long are masked wherever they occur."""
+MIN_TOKEN_LITERAL_LENGTH = 3
+"""Shorter literal values (3 to 5 characters) are masked where they stand as a whole token; values
+shorter than this are not masked at all (masking 'on' or '1' everywhere would destroy outputs)."""
 
 # Characters a secret value may contain: stops at whitespace, quotes, backslashes and separators.
 _VALUE = r"[^\s\"'\\,;&<>]+"
@@ -30,8 +57,8 @@ _KEY_WORDS = r"(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]
 # difference is 1 µs against 75 µs on 3 KB). The word boundary before a token is checked by hand.
 _TOKENS: dict[str, re.Pattern[str]] = {
     "pem": re.compile(
-        r"-----BEGIN[A-Z ]{0,30}PRIVATE KEY-----(?:(?!-----END)[\s\S]){0,8000}"
-        r"(?:-----END[A-Z ]{0,30}PRIVATE KEY-----)?", re.IGNORECASE),
+        r"(?P<begin>-----BEGIN[A-Z ]{0,30}PRIVATE KEY-----)(?:(?!-----END)[\s\S]){0,8000}"
+        r"(?P<end>-----END[A-Z ]{0,30}PRIVATE KEY-----)?", re.IGNORECASE),
     "aws_key_id": re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     "github": re.compile(r"gh[pousr]_[A-Za-z0-9]{20,255}\b|github_pat_[A-Za-z0-9_]{22,255}\b"),
     "gitlab": re.compile(r"glpat-[A-Za-z0-9_\-]{20,64}"),
@@ -53,7 +80,10 @@ _PAIR = re.compile(
     r"(?P<value>" + _VALUE + ")"
 )
 _PAIR_ANY_CASE = re.compile(_PAIR.pattern.replace("[a-z0-9_.", "[A-Za-z0-9_."), re.IGNORECASE)
-_HARMLESS_VALUES = frozenset({"null", "none", "true", "false", MASK, "[redacted]"})
+_HARMLESS_VALUES = frozenset({"", "null", "none", "true", "false", MASK, "[redacted]"})
+_MAX_DEPTH = 64
+_SECRET_KEY = re.compile(_KEY_WORDS + r"[a-z0-9_.\-]{0,40}$")
+"""A dict key that names a secret (`password`, `DB_PASSWORD`, `api_key`): its string value is masked."""
 
 
 def _word_char(char: str) -> bool:
@@ -73,8 +103,8 @@ def _mask_tokens(text: str, name: str, pattern: re.Pattern[str]) -> str:
             return token[: token.index("-") + 1] + MASK
         if name == "jwt":
             return "eyJ" + MASK
-        if name == "pem":
-            return "-----BEGIN PRIVATE KEY----- " + MASK + " -----END PRIVATE KEY-----"
+        if name == "pem":  # the armour lines stay as they were: only the key material goes
+            return match.group("begin") + MASK + (match.group("end") or "")
         return match.group("head") + MASK  # url
 
     return pattern.sub(replace, text)
@@ -106,30 +136,72 @@ def _mask_pairs(text: str) -> str:
     return "".join(out) + text[done:] if out else text
 
 
+def _encodable(text: str) -> str:
+    """`text` as it can be sent: a lone surrogate (never valid UTF-8) becomes U+FFFD."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+class Masked:
+    """A value a tool has already masked at its source (with the full set of literals): the gate
+    passes it on as it is. Only for text the tool scrubbed itself, e.g. log lines it searched."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 class Scrubber:
     """`scrubber(text) -> text` with secrets masked. Immutable: `with_literals` returns a new one."""
 
-    __slots__ = ("_literals", "_ordered")
+    __slots__ = ("_literals", "_ordered", "_short", "_short_pattern")
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
-        self._literals = frozenset(v for v in literals if len(v) >= MIN_LITERAL_LENGTH)
+        values = {v for v in literals if isinstance(v, str) and len(v.strip()) >= MIN_TOKEN_LITERAL_LENGTH}
+        self._literals = frozenset(values)
         # Longest first, so a value that contains another is masked whole.
-        self._ordered = tuple(sorted(self._literals, key=lambda v: (-len(v), v)))
+        self._ordered = tuple(sorted((v for v in values if len(v) >= MIN_LITERAL_LENGTH), key=lambda v: (-len(v), v)))
+        self._short = frozenset(v for v in values if len(v) < MIN_LITERAL_LENGTH)
+        self._short_pattern = (
+            re.compile(r"(?<![0-9A-Za-z])(?:" + "|".join(re.escape(v) for v in sorted(self._short, key=len,
+                       reverse=True)) + r")(?![0-9A-Za-z])")
+            if self._short else None
+        )
 
     @property
     def literals(self) -> frozenset[str]:
         return self._literals
 
     def with_literals(self, values: Iterable[str]) -> Scrubber:
-        """A scrubber that also masks `values` (exact, case-sensitive; shorter than 6 ignored)."""
+        """A scrubber that also masks `values` (exact, case-sensitive; see the module's rules on length)."""
         return Scrubber(self._literals | set(values))
 
-    def __call__(self, text: str) -> str:
+    async def refresh(self, *, force: bool = False) -> None:
+        """Nothing to refresh: a `Scrubber` is immutable (see `SecretRegistry.refresh`)."""
+
+    def found_in(self, texts: Iterable[str]) -> frozenset[str]:
+        """The literal values that occur in any of `texts` (the caller's own arguments)."""
+        if not self._literals:
+            return frozenset()
+        found: set[str] = set()
+        for text in texts:
+            found.update(v for v in self._literals if v in text)
+        return frozenset(found)
+
+    def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str:
         if not text:
             return text
         for literal in self._ordered:
-            if literal in text:
+            if literal in text and literal not in keep:
                 text = text.replace(literal, MASK)
+        if self._short_pattern is not None and any(v in text for v in self._short):
+            text = self._short_pattern.sub(lambda m: m.group(0) if m.group(0) in keep else MASK, text)
         # Only the patterns whose hints occur can match; usually none do, and the text is clean.
         for name, pattern in _TOKENS.items():
             if pattern.search(text):  # each starts with a literal: a fast scan, usually finding nothing
@@ -139,28 +211,135 @@ class Scrubber:
             text = _mask_pairs(text)
         return text
 
+    def data(self, value: Any, keep: frozenset[str] = frozenset()) -> Any:
+        """A JSON-ready copy of `value` with every string masked: dicts, lists and tuples walked,
+        keys masked too (without ever merging two), other values made JSON-safe. Never raises."""
+        return _walk(value, lambda text: self(text, keep), None, 0)
+
+
+def _walk(value: Any, scrub: Callable[[str], str] | None, key: str | None, depth: int) -> Any:
+    """`value` made JSON-safe, each string passed through `scrub` (None: left as it is)."""
+    if isinstance(value, str):
+        if scrub is None:
+            return _encodable(value)
+        masked = _encodable(scrub(value))
+        if key is not None and masked.lower() not in _HARMLESS_VALUES and _SECRET_KEY.search(key.lower()):
+            return MASK
+        return masked
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Masked):
+        return _walk(value.value, None, None, depth)
+    if depth > _MAX_DEPTH:
+        return MASK  # deeper than any result we build: not worth walking
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for raw_key, item in value.items():
+            name = raw_key if isinstance(raw_key, str) else str(raw_key)
+            shown = _encodable(scrub(name)) if scrub is not None else _encodable(name)
+            while shown in out:  # two keys masked alike must not become one
+                shown += "*"
+            out[shown] = _walk(item, scrub, name, depth + 1)
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_walk(item, scrub, None, depth + 1) for item in value]
+    if hasattr(value, "model_dump"):  # a pydantic model
+        return _walk(value.model_dump(mode="json"), scrub, key, depth + 1)
+    return _walk(str(value), scrub, key, depth)
+
+
+LiteralLoader = Callable[[], Awaitable[Iterable[str]]]
+VersionProbe = Callable[[], Awaitable[object]]
+
+
+@dataclass
+class _Source:
+    values: frozenset[str] = frozenset()
+    load: LiteralLoader | None = None
+    version: VersionProbe | None = None
+    seen: object = None
+    checked: float = -math.inf
+
 
 class SecretRegistry:
     """A scrubber whose literal values can be replaced at run time (when variables change).
 
-    Pass the registry itself where a `Callable[[str], str]` is expected; `update` swaps the
-    compiled scrubber atomically, so concurrent calls see either the old or the new set.
+    Pass the registry itself where a scrubber is expected; changes swap the compiled scrubber
+    atomically, so concurrent calls see either the old or the new set. Literals come from named
+    sources (each toolset its own), so one source replacing its values leaves the others' alone.
+
+    A source can be `watch`ed: `refresh()` (the gate calls it before every call) asks its cheap
+    `version` probe whether the values changed — in this process, another one, another replica, or
+    the CI system writing the store directly — at most every quarter second, and reloads them.
     """
 
-    __slots__ = ("_scrubber",)
+    __slots__ = ("_refreshing", "_scrubber", "_sources")
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
+        self._sources: dict[str, _Source] = {"": _Source(frozenset(literals))}
         self._scrubber = Scrubber(literals)
+        self._refreshing = False
 
     @property
     def literals(self) -> frozenset[str]:
         return self._scrubber.literals
 
-    def update(self, values: Iterable[str]) -> None:
-        self._scrubber = Scrubber(values)
+    @property
+    def scrubber(self) -> Scrubber:
+        """The current set, frozen (for a whole result scrubbed alike)."""
+        return self._scrubber
 
-    def add(self, values: Iterable[str]) -> None:
-        self._scrubber = Scrubber(self._scrubber.literals | set(values))
+    def _compile(self) -> None:
+        self._scrubber = Scrubber(frozenset().union(*(source.values for source in self._sources.values())))
 
-    def __call__(self, text: str) -> str:
-        return self._scrubber(text)
+    def update(self, values: Iterable[str], *, source: str = "") -> None:
+        """Replace the values of `source` (the default source unless named)."""
+        self._sources.setdefault(source, _Source()).values = frozenset(values)
+        self._compile()
+
+    def add(self, values: Iterable[str], *, source: str = "") -> None:
+        entry = self._sources.setdefault(source, _Source())
+        entry.values = entry.values | set(values)
+        self._compile()
+
+    def watch(self, source: str, load: LiteralLoader, version: VersionProbe) -> None:
+        """Keep `source` current: `refresh` reloads it when `version()` answers something new."""
+        self._sources[source] = _Source(self._sources.get(source, _Source()).values, load, version)
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Reload every watched source whose version changed. Never raises: on a failure the last
+        set stays in force (and the failure is logged)."""
+        if self._refreshing and not force:
+            return  # another call is at it; this one uses the set as it is
+        self._refreshing = True
+        try:
+            now = time.monotonic()
+            for name, source in list(self._sources.items()):
+                if source.load is None or source.version is None:
+                    continue
+                if not force and now - source.checked < _REFRESH_EVERY:
+                    continue
+                source.checked = now
+                try:
+                    version = await source.version()
+                    if force or version != source.seen:
+                        values = frozenset(await source.load())
+                        source.seen = version
+                        if values != source.values:
+                            source.values = values
+                            self._compile()
+                except Exception:
+                    logger.exception("Could not refresh the secret values of %s; the last ones stay in force", name)
+        finally:
+            self._refreshing = False
+
+    def found_in(self, texts: Iterable[str]) -> frozenset[str]:
+        return self._scrubber.found_in(texts)
+
+    def data(self, value: Any, keep: frozenset[str] = frozenset()) -> Any:
+        return self._scrubber.data(value, keep)
+
+    def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str:
+        return self._scrubber(text, keep)

@@ -34,6 +34,12 @@ LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 DEFAULT_WEB_SESSION_TTL = timedelta(hours=8)
 """How long a web session lasts after signing in (a pasted token's own expiry ends it sooner)."""
 MAX_WEB_SESSION_TTL = timedelta(days=7)
+DEFAULT_SESSIONS_PER_SUBJECT = 16
+"""Open MCP sessions (HTTP, protocol 2025-11-25) one subject may hold; more are refused with 429."""
+DEFAULT_MAX_SESSIONS = 1_000
+"""Open MCP sessions of all subjects together (the SDK's own default is 10,000)."""
+DEFAULT_SESSION_IDLE_TIMEOUT = timedelta(minutes=10)
+"""A session without a request for this long is closed (the SDK's own default is 30 minutes)."""
 
 _INSTALLATION = Path(__file__).resolve().parents[2]
 """The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
@@ -73,6 +79,27 @@ def _operator_auth(text: str) -> str:
     if text not in ("local", "token"):
         raise ConfigError(f"KNECHT_OPERATOR_AUTH must be 'local' or 'token', not {text!r}.")
     return text
+
+
+def _count(name: str, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{name} must be a whole number (got {text!r}).") from None
+        if not 1 <= value <= maximum:
+            raise ConfigError(f"{name} must be between 1 and {maximum} (got {value}).")
+        return value
+
+    return parse
+
+
+def _idle_timeout(text: str) -> timedelta:
+    try:
+        return parse_duration(text, maximum=timedelta(days=1),
+                              what="Session idle timeout (KNECHT_SESSION_IDLE_TIMEOUT)")
+    except UsageError as exc:
+        raise ConfigError(exc.message) from None
 
 
 def _path(text: str) -> Path:
@@ -173,6 +200,15 @@ WEBHOOK_URL = Variable("KNECHT_WEBHOOK_URL", "webhook_url", "notifications: POST
 WEBHOOK_SECRET = Variable("KNECHT_WEBHOOK_SECRET", "webhook_secret",
     "notifications: the Standard Webhooks signing secret (whsec_…), required with the URL")
 
+SESSIONS_PER_SUBJECT = Variable(
+    "KNECHT_SESSIONS_PER_SUBJECT", "sessions_per_subject", "open MCP sessions one subject may hold (HTTP)",
+    str(DEFAULT_SESSIONS_PER_SUBJECT), parse=_count("KNECHT_SESSIONS_PER_SUBJECT", 100_000))
+MAX_SESSIONS = Variable("KNECHT_MAX_SESSIONS", "max_sessions", "open MCP sessions of all subjects together (HTTP)",
+    str(DEFAULT_MAX_SESSIONS), parse=_count("KNECHT_MAX_SESSIONS", 1_000_000))
+SESSION_IDLE_TIMEOUT = Variable(
+    "KNECHT_SESSION_IDLE_TIMEOUT", "session_idle_timeout", "a session without a request for this long is closed",
+    "10m", parse=_idle_timeout)
+
 VARIABLES: tuple[Variable, ...] = (
     DATABASE_URL,
     CONFIG_DIR,
@@ -203,6 +239,9 @@ VARIABLES: tuple[Variable, ...] = (
     OPENAI_COMPATIBLE_API_KEY,
     WEBHOOK_URL,
     WEBHOOK_SECRET,
+    SESSIONS_PER_SUBJECT,
+    MAX_SESSIONS,
+    SESSION_IDLE_TIMEOUT,
 )
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
 
@@ -239,6 +278,9 @@ class Settings:
     openai_compatible_api_key: str | None = field(default=None, repr=False)
     webhook_url: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
+    sessions_per_subject: int = DEFAULT_SESSIONS_PER_SUBJECT
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    session_idle_timeout: timedelta = DEFAULT_SESSION_IDLE_TIMEOUT
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The whole environment, for names a config file declares (an entity's `database_env`, a
     notification channel's `${NAME}`)."""

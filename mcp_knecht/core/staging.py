@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
@@ -13,8 +11,13 @@ from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.gate import FrozenCall
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.proposals import NewProposal, ProposalRepository
+from mcp_knecht.core.scrub import Scrubber
 from mcp_knecht.core.settings import DEFAULT_PROPOSAL_TTL
 from mcp_knecht.core.tools import ToolContext
+
+
+class _DataMasking(Protocol):
+    def data(self, value: Any, keep: frozenset[str] = frozenset()) -> Any: ...
 
 
 class ProposalStager:
@@ -24,20 +27,22 @@ class ProposalStager:
         keys: ServerKeys,
         *,
         ttl: timedelta = DEFAULT_PROPOSAL_TTL,
-        scrub: Callable[[str], str] = lambda text: text,
+        scrub: _DataMasking | None = None,
     ) -> None:
         self._proposals = proposals
         self._keys = keys
         self._ttl = ttl
-        self._scrub = scrub
+        self._scrub = scrub if scrub is not None else Scrubber()
 
     async def _preview(self, call: FrozenCall, actor: Actor) -> dict[str, Any] | None:
+        """The current state, as the proposer may read it, masked value by value (operators read it)."""
         if call.tool.preview is None:
             return None
         preview = await call.tool.preview(call.arguments, ToolContext(actor=actor, source=call.source))
         if preview is None:
             return None
-        return json.loads(self._scrub(json.dumps(preview, ensure_ascii=False, default=str)))  # type: ignore[no-any-return]
+        masked: dict[str, Any] = self._scrub.data(preview)
+        return masked
 
     async def stage(self, call: FrozenCall, actor: Actor, staged: AuditEntry) -> dict[str, Any]:
         preview = await self._preview(call, actor)
@@ -48,7 +53,7 @@ class ProposalStager:
             action=call.action,
             arguments_json=call.arguments_json,
             arguments_hash=call.arguments_hash,
-            arguments_shown=self._scrub(call.arguments_json),
+            arguments_shown=call.arguments_shown or call.arguments_json,
             proposer=actor,
             rule=call.decision.rule,
             preview=preview,

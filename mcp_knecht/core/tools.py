@@ -6,14 +6,17 @@ A toolset builds `Tool` values and registers them; the gate is the only caller o
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.validation import MAX_INT, MAX_STRING_LENGTH, MIN_INT
 
 Effect = Literal["read", "write"]
 
@@ -22,6 +25,24 @@ class ToolInput(BaseModel):
     """Base for input models: unknown fields are refused, types are not coerced."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _BoundedSchema(GenerateJsonSchema):
+    """Input schemas state the bounds the gate enforces for every tool (`core.validation`):
+    integers fit in 64 bits, strings have a maximum length."""
+
+    def int_schema(self, schema: core_schema.IntSchema) -> JsonSchemaValue:
+        json_schema = super().int_schema(schema)
+        if "minimum" not in json_schema and "exclusiveMinimum" not in json_schema:
+            json_schema["minimum"] = MIN_INT
+        if "maximum" not in json_schema and "exclusiveMaximum" not in json_schema:
+            json_schema["maximum"] = MAX_INT
+        return json_schema
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        json_schema = super().str_schema(schema)
+        json_schema.setdefault("maxLength", MAX_STRING_LENGTH)
+        return json_schema
 
 
 SourceKind = Literal["mcp", "approval", "feature", "chat", "web"]
@@ -72,6 +93,12 @@ Freezer = Callable[[Any, ToolContext], Awaitable[BaseModel]]
 a call is staged — so the operator approves, and the hash covers, what will actually run — and
 before a call runs at once (policy `auto`), so a handler always gets frozen arguments."""
 
+SecretArguments = Callable[[Any], Collection[str]]
+"""`(frozen_input) -> names of the arguments whose values are secrets in this call` (the value of
+a secret variable). Their values are shown as the mask wherever the call is shown — to the
+proposer's agent, to operators — whatever the set of known secrets is at that moment; only the
+keyed argument hash covers them."""
+
 Previewer = Callable[[Any, ToolContext], Awaitable[dict[str, Any] | None]]
 """`async (validated_input, context) -> current state of what the call would change`, as the
 proposer may read it; frozen into the proposal so the operator sees what they approve."""
@@ -116,6 +143,8 @@ class Tool:
     facts: FactFinder | None = None
     fact_fields: Mapping[str, Fact] = field(default_factory=dict)
     """What `facts` returns, by name: rules see these (a fact named like an argument replaces it)."""
+    secret_arguments: SecretArguments | None = None
+    """Which arguments of a (frozen) call carry a secret value: never shown."""
 
     def __post_init__(self) -> None:
         if self.frozen_fields and self.freeze is None:
@@ -151,7 +180,7 @@ class Tool:
 
     @cached_property
     def input_schema(self) -> dict[str, Any]:
-        return self.input_model.model_json_schema()
+        return self.input_model.model_json_schema(schema_generator=_BoundedSchema)
 
     @cached_property
     def output_schema(self) -> dict[str, Any] | None:
@@ -166,6 +195,12 @@ class Tool:
             fields[name] = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
         fields.update({name: fact.type for name, fact in self.fact_fields.items()})
         return fields
+
+    def hidden_arguments(self, arguments: BaseModel) -> frozenset[str]:
+        """The arguments of this call whose values are secrets (`secret_arguments`)."""
+        if self.secret_arguments is None:
+            return frozenset()
+        return frozenset(name for name in self.secret_arguments(arguments) if name in self.input_model.model_fields)
 
     def unfrozen(self, arguments: BaseModel) -> list[str]:
         """The frozen fields that `arguments` leave empty (none, after `freeze`)."""

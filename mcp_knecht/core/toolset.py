@@ -51,6 +51,9 @@ is staged; a handler always receives frozen arguments, and `ctx.source` says who
 A tool may also give policy rules facts besides its arguments: `facts` (an async function of the
 frozen input returning `{name: value}`) and `fact_fields` (`{name: Fact(str, "the run's branch")}`),
 so that `when = { branch = "main" }` in policies.toml holds for what the call will actually touch.
+A call whose arguments carry a secret (the value of a password it sets) names them with
+`secret_arguments`: its proposal shows them masked, to the proposer and to operators. Literal
+secrets that change outside the process are kept current with `scrubber.watch(...)`.
 Test a toolset with `mcp_knecht.testing`.
 """
 

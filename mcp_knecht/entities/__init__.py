@@ -60,7 +60,8 @@ async def toolset(context: ToolsetContext) -> Toolset:
                 table = await introspect(db, entity)
             except StoreError as exc:
                 raise ConfigError(f"{declaration.path}: entities.{entity.name}: {exc.message}") from None
-            tools += EntityTools(entity, check(entity, table, declaration.path), db, declaration, key).tools()
+            tools += EntityTools(entity, check(entity, table, declaration.path), db, declaration, key,
+                                 scrub=context.scrubber).tools()
     except BaseException:
         await databases.close()
         raise

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mcp_knecht.core.database import Database
+from mcp_knecht.core.scrub import Scrubber, SecretRegistry
 from mcp_knecht.core.tools import Tool, ToolContext
 from mcp_knecht.entities import models
 from mcp_knecht.entities.declaration import Declaration, EntitySpec
@@ -55,8 +56,9 @@ class EntityTools:
     """One entity's tools, bound to its database."""
 
     def __init__(self, entity: EntitySpec, table: Table, db: Database, declaration: Declaration,
-                 key: bytes) -> None:
+                 key: bytes, *, scrub: Scrubber | SecretRegistry | None = None) -> None:
         self.entity = entity
+        self.scrub = scrub if scrub is not None else Scrubber()
         self.table = table
         self.db = db
         self.claim = declaration.role_claim
@@ -127,6 +129,10 @@ class EntityTools:
                 {"field": f"filters.{name}", "problem": "you may not read this field, so you cannot filter on it"}
                 for name in hidden])
         self._check_values(tool, "filters", args.filters)
+        if self.scrub.data(dict(args.filters)) != dict(args.filters):
+            # A filter compares with what the caller may see: a value that is shown masked matches
+            # nothing — else an exact filter would confirm a guessed secret by the rows it finds.
+            return {"entity": self.entity.name, "rows": [], "more": False}
         wanted = dict.fromkeys(args.fields or self.entity.list)
         columns = tuple(name for name in granted.read if name in wanted or name == self.entity.primary_key)
         sql, params = self.sql.query(columns, args.filters, args.limit + 1)

@@ -27,7 +27,7 @@ from mcp_knecht.knecht.logs import LogTools
 from mcp_knecht.knecht.projects import ProjectTools
 from mcp_knecht.knecht.prompts import knecht_prompts
 from mcp_knecht.knecht.runs import RunTools
-from mcp_knecht.knecht.variables import VariableTools, secret_values
+from mcp_knecht.knecht.variables import VariableTools, secret_values, secrets_version
 from mcp_knecht.knecht.workflows import WorkflowTools
 
 __all__ = ["INSTRUCTIONS", "MIGRATIONS", "knecht_tools", "open_store", "secret_values", "toolset"]
@@ -59,12 +59,13 @@ INSTRUCTIONS = (
 
 def knecht_tools(db: Database, secrets: SecretRegistry | None = None) -> list[Tool]:
     """Every Knecht tool, bound to `db`: the read tools first, then those that write. `secrets` (if
-    given) learns secret variable values as they are proposed and written."""
+    given) masks log lines at their source (a search sees only what the caller may see) and is
+    refreshed when variables are written."""
     tools = [
         *ProjectTools(db).tools(),
         *RunTools(db).tools(),
         *WorkflowTools(db).tools(),
-        *LogTools(db).tools(),
+        *LogTools(db, secrets).tools(),
         *VariableTools(db, secrets).tools(),
     ]
     return sorted(tools, key=lambda tool: "write" in tool.effects)
@@ -72,11 +73,13 @@ def knecht_tools(db: Database, secrets: SecretRegistry | None = None) -> list[To
 
 def toolset(context: ToolsetContext) -> Toolset:
     """The Knecht tools and prompts over the server's store. Secret variable values go into the
-    server's scrubber once the tables exist, and on every change."""
+    server's scrubber once the tables exist, and again whenever they change — in this process,
+    another replica, or written by the CI system itself (a counter the store's trigger bumps)."""
     db, scrubber = context.store, context.scrubber
 
     async def start() -> None:
-        scrubber.add(await secret_values(db))
+        scrubber.watch("knecht", lambda: secret_values(db), lambda: secrets_version(db))
+        await scrubber.refresh(force=True)
 
     return Toolset(
         name="knecht",

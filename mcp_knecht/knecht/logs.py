@@ -5,6 +5,12 @@ Logs are stored line by line (`log_lines`, primary key run/action/line), so a wi
 one range scan of the primary key, whatever the log's size. grep is a literal, case-insensitive
 substring (it cannot backtrack, so no pattern can hang the server), scanned in chunks of lines
 under a time budget: a search that runs out of budget stops and says where to continue.
+
+Lines are masked here, at their source, and a search matches, counts and pages on exactly the
+masked text the caller may see — never on what is behind a mask, which would let it guess a
+secret one character at a time. SQL only narrows the candidates: masking adds no text but `***`,
+so a needle without `*` that matches a masked line also matches the stored one (ASCII case
+folding, as SQLite's LIKE does); a needle with `*` scans every line.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 from pydantic import Field
 
 from mcp_knecht.core.database import Database, Row
-from mcp_knecht.core.scrub import Scrubber
+from mcp_knecht.core.scrub import Masked, Scrubber, SecretRegistry
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.errors import InvalidArgumentsError, NotFoundError
 
@@ -94,21 +100,26 @@ not there (e.g. a build warning that led to a later crash), read earlier actions
 
 
 class LogTools:
-    """The log tools, bound to one store."""
+    """The log tools, bound to one store; `secrets` masks every line before it is searched or shown
+    (without it, the secret shapes only)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, secrets: SecretRegistry | None = None) -> None:
         self.db = db
+        self.secrets = secrets
+
+    def _scrubber(self) -> Scrubber:
+        return self.secrets.scrubber if self.secrets is not None else _patterns_only
 
     async def get_run_log(self, args: GetRunLogInput, ctx: ToolContext) -> dict[str, Any]:
         _one_window("get_run_log", args)
         await find_action(self.db, args.run_id, RUN_LOG)
-        page = await read_log(self.db, args.run_id, RUN_LOG, args)
+        page = await read_log(self.db, args.run_id, RUN_LOG, args, self._scrubber())
         return {"run_id": args.run_id, **page}
 
     async def get_action_log(self, args: GetActionLogInput, ctx: ToolContext) -> dict[str, Any]:
         _one_window("get_action_log", args)
         action = await find_action(self.db, args.run_id, args.action)
-        page = await read_log(self.db, args.run_id, action["id"], args)
+        page = await read_log(self.db, args.run_id, action["id"], args, self._scrubber())
         return {"run_id": args.run_id, "action": action, **page}
 
     def tools(self) -> list[Tool]:
@@ -127,6 +138,8 @@ MAX_OUTPUT_CHARS = 24_000
 MAX_LINE_CHARS = 2_000
 GREP_CHUNK_LINES = 40_000
 """About 5 ms of scanning per query on SQLite: the budget is checked between chunks."""
+GREP_BATCH_LINES = 2_000
+"""Candidate lines fetched (and masked) at a time."""
 GREP_BUDGET_SECONDS = 0.03
 RUN_LOG = 0
 
@@ -139,13 +152,18 @@ _CONTAINS = {
 _CONTAINS_PORTABLE = "lower(text) LIKE lower(?) ESCAPE '\\'"
 
 _patterns_only = Scrubber()
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _fold(text: str) -> str:
+    """ASCII case folding only: exactly what SQLite's LIKE ignores (so SQL never misses a match)."""
+    return text.translate(_ASCII_LOWER)
 
 
 def _shown(text: str) -> str:
-    """A line as shown: secrets masked first (so a cut cannot leave half a key), then bounded."""
+    """A masked line as shown: bounded (masking came first, so a cut cannot leave half a key)."""
     if len(text) <= MAX_LINE_CHARS:
         return text
-    text = _patterns_only(text)
     return f"{text[:MAX_LINE_CHARS]}… [line cut: {len(text)} characters]"
 
 
@@ -178,7 +196,8 @@ def _one_window(tool: str, window: LogWindow) -> None:
         raise InvalidArgumentsError(tool, [{"field": "tail", "problem": "give either tail or offset, not both"}])
 
 
-async def read_log(db: Database, run_id: int, action_id: int, window: LogWindow) -> dict[str, Any]:
+async def read_log(db: Database, run_id: int, action_id: int, window: LogWindow,
+                   scrub: Scrubber = _patterns_only) -> dict[str, Any]:
     """A page of one log: `tail`, or `offset`/`limit`, or the lines matching `grep` (the tools have
     made sure it is not both tail and offset)."""
     size = await db.fetch_one(
@@ -186,14 +205,18 @@ async def read_log(db: Database, run_id: int, action_id: int, window: LogWindow)
     )
     total = int(size["n"] or 0) if size else 0
     if window.grep is not None:
-        return await _grep(db, run_id, action_id, total, window)
+        return await _grep(db, run_id, action_id, total, window, scrub)
     if window.tail is not None:
         first = max(total - window.tail, 0)
         rows = await _lines(db, run_id, action_id, first, total)
-        return _page(total, rows, from_end=True)
+        return _page(total, _masked(rows, scrub), from_end=True)
     offset = window.offset or 0
     rows = await _lines(db, run_id, action_id, offset, min(offset + window.limit, total))
-    return _page(total, rows, from_end=False)
+    return _page(total, _masked(rows, scrub), from_end=False)
+
+
+def _masked(rows: list[Row], scrub: Scrubber) -> list[Row]:
+    return [{"line_no": row["line_no"], "text": scrub(row["text"])} for row in rows]
 
 
 async def _lines(db: Database, run_id: int, action_id: int, after: int, upto: int) -> list[Row]:
@@ -215,7 +238,7 @@ def _bounded(rows: list[Row], from_end: bool) -> tuple[list[dict[str, Any]], boo
         used += len(text) + 16
         if used > MAX_OUTPUT_CHARS and shown:
             break
-        shown.append({"n": row["line_no"], "text": text})
+        shown.append({"n": row["line_no"], "text": Masked(text)})
     if from_end:
         shown.reverse()
     return shown, len(shown) < len(rows)
@@ -245,13 +268,18 @@ def _page(total: int, rows: list[Row], *, from_end: bool) -> dict[str, Any]:
     return result
 
 
-async def _grep(db: Database, run_id: int, action_id: int, total: int, window: LogWindow) -> dict[str, Any]:
+async def _grep(db: Database, run_id: int, action_id: int, total: int, window: LogWindow,
+                scrub: Scrubber) -> dict[str, Any]:
     assert window.grep is not None
     needle = window.grep
-    pattern = _like_pattern(needle)
-    contains = _CONTAINS.get(db.dialect, _CONTAINS_PORTABLE)
+    folded = _fold(needle)
+    # SQL narrows the candidates only where that is exact (see the module doc); every candidate is
+    # masked and matched here, so matches, counts and offsets are those of the text shown.
+    narrow = "*" not in needle
+    contains = f" AND {_CONTAINS.get(db.dialect, _CONTAINS_PORTABLE)}" if narrow else ""
     wanted = window.tail or window.limit
     backwards = window.tail is not None
+    order = "DESC" if backwards else "ASC"
     deadline = time.perf_counter() + GREP_BUDGET_SECONDS
     matches: list[Row] = []
     low, high = (window.offset or 0), total  # the not yet searched range is (low, high]
@@ -260,21 +288,31 @@ async def _grep(db: Database, run_id: int, action_id: int, total: int, window: L
             after, upto = max(high - GREP_CHUNK_LINES, low), high
         else:
             after, upto = low, min(low + GREP_CHUNK_LINES, high)
-        order = "DESC" if backwards else "ASC"
-        found = await db.fetch_all(
+        batch = min(wanted - len(matches), GREP_BATCH_LINES) if narrow else GREP_BATCH_LINES
+        candidates = await db.fetch_all(
             "SELECT line_no, text FROM log_lines WHERE run_id = ? AND action_id = ? AND line_no > ?"
-            f" AND line_no <= ? AND {contains} ORDER BY line_no {order} LIMIT ?",
-            (run_id, action_id, after, upto, pattern, wanted - len(matches)),
+            f" AND line_no <= ?{contains} ORDER BY line_no {order} LIMIT ?",
+            (run_id, action_id, after, upto, *([_like_pattern(needle)] if narrow else []), batch),
         )
-        matches.extend(found)
+        for row in candidates:
+            text = scrub(row["text"])
+            if folded in _fold(text):
+                matches.append({"line_no": row["line_no"], "text": text})
+                if len(matches) >= wanted:
+                    break
         if len(matches) >= wanted:
-            # Stopped early inside the chunk: the search resumes after the last match.
+            # Stopped at a match: the search resumes after it.
             if backwards:
                 high = matches[-1]["line_no"] - 1
             else:
                 low = matches[-1]["line_no"]
             break
-        if backwards:
+        if len(candidates) == batch:  # more candidates in this chunk: continue after the last one
+            if backwards:
+                high = candidates[-1]["line_no"] - 1
+            else:
+                low = candidates[-1]["line_no"]
+        elif backwards:
             high = after
         else:
             low = upto

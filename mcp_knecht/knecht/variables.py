@@ -1,6 +1,8 @@
 """Project variables: the `project_variable` tool (`list` and `get` read, `set` and `delete` are
 staged). A secret variable's value never leaves this module: not in a list, not in a get, not in a
-preview, not in the result of a set. Its values feed the scrubber instead."""
+preview, not in the result of a set. Its values feed the scrubber instead — once they are real:
+a value only proposed is masked in that proposal (a secret argument), never everywhere, so a
+proposal can neither hide other people's text nor break their results."""
 
 from __future__ import annotations
 
@@ -69,8 +71,8 @@ secret variables holds although `secret` is not an argument of a delete."""
 
 
 class VariableTools:
-    """The `project_variable` tool, bound to one store. `secrets` (if given) learns every secret
-    value before it is written, and is refreshed after every change."""
+    """The `project_variable` tool, bound to one store. `secrets` (if given) is refreshed from the
+    store after every change this tool makes (and by its watch, after changes made elsewhere)."""
 
     def __init__(self, db: Database, secrets: SecretRegistry | None = None) -> None:
         self.db = db
@@ -82,17 +84,18 @@ class VariableTools:
         name = _name(args)
         project = await find_project(self.db, args.project)
         existing = await get_variable(self.db, project["id"], name)
+        update: dict[str, Any] = {"project": project["slug"]}
         if args.action == "set":
-            value = _value(args)
-            if check_secrecy(existing, args.secret):
-                # From now on the pending proposal itself (get_proposal, previews) masks the value.
-                self._mask(value)
+            _value(args)
+            # The secrecy is decided now, so the proposal shows a secret value as the mask (its
+            # `secret_arguments`) — the value joins the scrubber only once it is really written.
+            update["secret"] = check_secrecy(existing, args.secret)
         elif existing is None:
             await require_variable(self.db, project["id"], project["slug"], name)
         state = _state(existing)
         if args.previous is not None and args.previous != state:
             raise ConflictError(f"{name} changed since you read it; leave `previous` empty.")
-        return args.model_copy(update={"project": project["slug"], "previous": state})
+        return args.model_copy(update={**update, "previous": state})
 
     async def preview(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
         project = await find_project(self.db, args.project)
@@ -112,16 +115,15 @@ class VariableTools:
         if args.action == "get":
             row = await require_variable(self.db, project["id"], project["slug"], name)
             return {"project": project["slug"], "variable": shown(row)}
-        if args.action == "set":
-            value = _value(args)
-            if args.secret is not False:
-                self._mask(value)  # masked before the write can show up anywhere
-            result = await set_variable(self.db, project["id"], name, value, args.secret, ctx.actor.subject,
-                                        previous=args.previous)
-        else:
-            result = await delete_variable(self.db, project["id"], name, previous=args.previous)
-        if self.secrets is not None:
-            self.secrets.update(await secret_values(self.db))
+        try:
+            if args.action == "set":
+                result = await set_variable(self.db, project["id"], name, _value(args), args.secret,
+                                            ctx.actor.subject, previous=args.previous)
+            else:
+                result = await delete_variable(self.db, project["id"], name, previous=args.previous)
+        finally:  # masked from the moment it is written (and no longer once it is gone)
+            if self.secrets is not None:
+                await self.secrets.refresh(force=True)
         return {"project": project["slug"], **result}
 
     async def facts(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
@@ -137,10 +139,6 @@ class VariableTools:
                 facts["secret"] = bool(existing["secret"]) if existing is not None else False
         return facts
 
-    def _mask(self, value: str) -> None:
-        if self.secrets is not None:
-            self.secrets.add([value])
-
     def tools(self) -> list[Tool]:
         return [
             Tool(name="project_variable", description=PROJECT_VARIABLE, scope="variables:read",
@@ -148,7 +146,7 @@ class VariableTools:
                  action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
                  action_scopes={"set": "variables:write", "delete": "variables:write"},
                  preview=self.preview, freeze=self.freeze, frozen_fields=("previous",), facts=self.facts,
-                 fact_fields=VARIABLE_FACTS, title="Project variables"),
+                 fact_fields=VARIABLE_FACTS, secret_arguments=_secret_arguments, title="Project variables"),
         ]
 
 
@@ -163,6 +161,11 @@ def _refuse_if_changed(name: str, row: Row | None, previous: str | None) -> None
             f"Variable {name} changed since it was proposed (it was {previous}, it is {_state(row)} now); nothing "
             "was changed. Read it again and propose again.",
             details={"name": name, "proposed_against": previous, "now": _state(row)})
+
+
+def _secret_arguments(args: ProjectVariableInput) -> tuple[str, ...]:
+    """A set of a secret variable (its secrecy decided by `freeze`) carries a secret value."""
+    return ("value",) if args.action == "set" and args.secret else ()
 
 
 def _name(args: ProjectVariableInput) -> str:
@@ -200,6 +203,12 @@ async def secret_values(db: Database) -> set[str]:
     """Every secret variable's value, of every project: the literal values the scrubber masks."""
     rows = await db.fetch_all("SELECT value FROM project_variables WHERE secret = 1")
     return {row["value"] for row in rows if row["value"]}
+
+
+async def secrets_version(db: Database) -> int:
+    """A counter every change of project_variables bumps (a trigger, whoever writes): cheap to read."""
+    row = await db.fetch_one("SELECT version FROM knecht_secrets_version WHERE id = 1")
+    return int(row["version"]) if row else 0
 
 
 async def list_variables(db: Database, project_id: int) -> list[dict[str, Any]]:

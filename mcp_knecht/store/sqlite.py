@@ -2,13 +2,20 @@
 
 Writes take the lock up front with `BEGIN IMMEDIATE`, so two processes (say, two operators'
 CLIs) never deadlock on a read-to-write upgrade; they wait up to the busy timeout instead.
+
+A database file this backend creates is private to its user (mode 0600, in a folder it creates
+with mode 0700): it holds secret values, proposals and the audit log. SQLite gives its `-wal`
+and `-shm` files the mode of the database file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -19,6 +26,15 @@ from mcp_knecht.core.database_url import normalise, sqlite_path
 from mcp_knecht.store.health import store_error
 
 BUSY_TIMEOUT_MS = 15_000
+
+
+def _create_private(path: Path) -> None:
+    """Create an empty database file only its owner may read (SQLite fills an empty file)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileExistsError):  # another process made it first
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
@@ -87,9 +103,9 @@ class SQLiteDatabase:
         url = normalise(url)
         path = sqlite_path(url)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(path)
         except OSError as exc:
-            raise store_error("sqlite", f"Cannot create the folder for {path}: {exc.strerror}") from exc
+            raise store_error("sqlite", f"Cannot create the database {path}: {exc.strerror}") from exc
         writer = await _connect(str(path))
         try:
             await writer.execute_fetchall("PRAGMA journal_mode = WAL")
@@ -135,6 +151,13 @@ class SQLiteDatabase:
             await self._writer.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise store_error("sqlite", f"Cannot start a write transaction: {exc}") from exc
+        except BaseException:
+            # Cancelled while waiting (a client went away while another process held the lock): the
+            # driver's thread still runs the BEGIN. Queue a ROLLBACK behind it, or the connection stays
+            # inside that transaction and every later write fails.
+            with anyio.CancelScope(shield=True), contextlib.suppress(sqlite3.Error):
+                await self._writer.execute("ROLLBACK")
+            raise
         try:
             yield
         except BaseException:

@@ -149,5 +149,6 @@ def build_mcp_server(
 
 def server_for_app(app: App, resolve_actor: ActorResolver) -> Server[Any]:
     """The MCP server of an assembled app: its gate, prompts and proposal notifications."""
-    return build_mcp_server(app.gate, resolve_actor, app.prompts, ProposalFeed(app.proposals, app.watcher),
+    feed = ProposalFeed(app.gate, app.watcher, listens_per_subject=app.settings.sessions_per_subject)
+    return build_mcp_server(app.gate, resolve_actor, app.prompts, feed,
                             instructions=app.instructions)
