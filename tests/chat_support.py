@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from pydantic_ai.messages import (
@@ -85,10 +86,11 @@ class Assistant:
         return [type(p) for m in self.requests[request] for p in m.parts]
 
 
-def scripted_chat(app: App, assistant: Assistant | FunctionModel, **worker_options: Any) -> ChatService:
-    """The app's chat with a scripted model in place of a provider."""
+def scripted_chat(app: App, assistant: Assistant | FunctionModel, *, retry_after: timedelta = timedelta(0),
+                  **worker_options: Any) -> ChatService:
+    """The app's chat with a scripted model in place of a provider (failed follow-ups retried at once)."""
     model = assistant.model if isinstance(assistant, Assistant) else assistant
     return ChatService(db=app.db, gate=app.gate, audit=app.audit, proposals=app.proposals, changes=app.changes,
-                       models=ModelResolver(SETTINGS, fixed=model), scrub=app.secrets,
+                       models=ModelResolver(SETTINGS, fixed=model), scrub=app.secrets, retry_after=retry_after,
                        worker_options={"interval": 0.05, **worker_options})
 

@@ -72,7 +72,9 @@ class ChatReply:
 class ChatService:
     def __init__(self, *, db: Database, gate: Gate, audit: AuditSink, proposals: ProposalRepository,
                  changes: ChangeFeed, models: ModelResolver, scrub: Callable[[str], str] = lambda text: text,
-                 timeout: float = 60.0, worker_options: Mapping[str, Any] | None = None) -> None:
+                 timeout: float = 60.0, retry_after: timedelta = RETRY_AFTER,
+                 worker_options: Mapping[str, Any] | None = None) -> None:
+        """`retry_after`: the back-off after a failed follow-up turn (times the tries so far)."""
         self.store = ChatStore(db)
         self.gate = gate
         self.models = models
@@ -80,6 +82,7 @@ class ChatService:
         self._audit = audit
         self._scrub = scrub
         self.timeout = timeout
+        self.retry_after = retry_after
         self.followups = FollowUpWorker(self, changes, **dict(worker_options or {}))
 
     @property
@@ -161,7 +164,7 @@ class ChatService:
         except Exception as exc:
             error = _why(exc, proposal_id)
             if followup.attempts < MAX_ATTEMPTS:
-                until = clock.timestamp(clock.now() + RETRY_AFTER * followup.attempts)
+                until = clock.timestamp(clock.now() + self.retry_after * followup.attempts)
                 await self.store.retry_later(proposal_id, owner, until=until, error=error)
                 return False
             exchange = Exchange(note, gave_up_reply(error), "followup")

@@ -162,10 +162,11 @@ class ChatStore:
         async with self.db.transaction() as tx:
             if conversation_id is None:
                 conversation_id = new_conversation_id()
+                # `subject` first: PostgreSQL's store takes `INSERT … (id, …` for explicit numeric ids.
                 await tx.execute(
-                    "INSERT INTO chat_conversations (id, subject, title, created_at, updated_at)"
+                    "INSERT INTO chat_conversations (subject, id, title, created_at, updated_at)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    (conversation_id, subject, title, now, now))
+                    (subject, conversation_id, title, now, now))
             await self._append(tx, conversation_id, exchange, now)
         return conversation_id
 
