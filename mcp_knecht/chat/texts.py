@@ -12,7 +12,7 @@ from mcp_knecht.core.proposals import Proposal
 MAX_ROUNDS = 5
 """Rounds of tool calls one turn may make; asking for a sixth is an error for the turn."""
 FOLLOW_UP_PREFIX = "Update from Knecht on proposal #"
-_MAX_RESULT_CHARS = 2_000
+_MAX_RESULT_CHARS = 1_000
 
 SYSTEM_PROMPT = f"""\
 You are Knecht's assistant. You help the person you talk with understand and work with the data \
