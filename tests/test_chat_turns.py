@@ -219,3 +219,22 @@ async def test_in_chat_a_deny_still_denies_and_the_model_is_told(policy_app: App
     assert await policy_app.proposals.list() == []
     [entry] = await _audit(policy_app)
     assert (entry["tool"], entry["action"], entry["outcome"]) == ("project_variable", "set", "denied")
+
+
+async def test_a_long_conversation_sends_only_its_newest_messages_starting_with_the_person(app: App) -> None:
+    from pydantic_ai.messages import ModelRequest
+
+    from mcp_knecht.chat.service import HISTORY_CHARS, HISTORY_LIMIT
+
+    assistant = Assistant({"": [text("x" * 4_000)]})
+    chat = scripted_chat(app, assistant)
+    conversation_id = (await chat.send(chatter(), "message 0")).conversation_id
+    for n in range(1, 30):
+        await chat.send(chatter(), f"message {n}", conversation_id)
+    *history, asked = assistant.requests[-1]
+    assert prompts_of([asked]) == ["message 29"]
+    sent = [p.content for m in history for p in m.parts]
+    assert len(history) <= HISTORY_LIMIT and sum(len(str(c)) for c in sent) <= HISTORY_CHARS
+    assert isinstance(history[0], ModelRequest) and len(history) % 2 == 0, "it starts with the person"
+    assert prompts_of(history)[-1] == "message 28"
+    assert len((await chat.conversation(chatter(), conversation_id))[1]) == 60, "everything is kept"

@@ -40,13 +40,26 @@ logger = logging.getLogger(__name__)
 CHAT_SCOPE = "ai:chat"
 CHAT_ROLE: Role = "default"
 HISTORY_LIMIT = 40
-"""Messages of a conversation sent with a new one (the newest)."""
+HISTORY_CHARS = 60_000
+"""What of a conversation goes with a new message: its newest messages, at most this many, this long."""
 MAX_MESSAGE_CHARS = 8_000
 MAX_REPLY_CHARS = 16_000
 MAX_ATTEMPTS = 3
 """Tries of a follow-up turn before the follow-up is delivered with a note instead of an answer."""
 RETRY_AFTER = timedelta(seconds=30)
 _TITLE_CHARS = 60
+
+
+def recent(messages: list[Message]) -> list[Message]:
+    """The newest messages that fit `HISTORY_CHARS` (the turn drops a cut that begins with a reply)."""
+    kept: list[Message] = []
+    size = 0
+    for message in reversed(messages):
+        size += len(message.content)
+        if size > HISTORY_CHARS:
+            break
+        kept.append(message)
+    return kept[::-1]
 
 
 def title_of(message: str) -> str:
@@ -103,7 +116,7 @@ class ChatService:
         history: list[Message] = []
         if conversation_id is not None:
             await self._own(actor, conversation_id)
-            history = await self.store.messages(conversation_id, HISTORY_LIMIT)
+            history = recent(await self.store.messages(conversation_id, HISTORY_LIMIT))
         exchange = await self._turn(resolved, history, message, actor, asked_kind="message")
         stored = await self.store.record_turn(conversation_id, actor.subject, title_of(message), exchange)
         return ChatReply(stored, exchange.reply, exchange.action, exchange.proposal_id)
@@ -159,7 +172,7 @@ class ChatService:
         note = follow_up_message(proposal, self._scrub)
         error: str | None = None
         try:
-            history = await self.store.messages(conversation.id, HISTORY_LIMIT)
+            history = recent(await self.store.messages(conversation.id, HISTORY_LIMIT))
             exchange = await self._turn(self.model(), history, note, followup.actor, asked_kind="followup")
         except Exception as exc:
             error = _why(exc, proposal_id)
