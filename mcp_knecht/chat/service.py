@@ -115,8 +115,10 @@ class ChatService:
         await self.store.ready()
         history: list[Message] = []
         if conversation_id is not None:
-            await self._own(actor, conversation_id)
-            history = recent(await self.store.messages(conversation_id, HISTORY_LIMIT))
+            found = await self.store.history(conversation_id, actor.subject, HISTORY_LIMIT)
+            if found is None:
+                raise _not_found(conversation_id)
+            history = recent(found)
         exchange = await self._turn(resolved, history, message, actor, asked_kind="message")
         stored = await self.store.record_turn(conversation_id, actor.subject, title_of(message), exchange)
         return ChatReply(stored, exchange.reply, exchange.action, exchange.proposal_id)
@@ -132,7 +134,7 @@ class ChatService:
     async def _own(self, actor: Actor, conversation_id: str) -> Conversation:
         found = await self.store.conversation(conversation_id, actor.subject)
         if found is None:
-            raise ConversationNotFound(f"Conversation {conversation_id[:64]!r} does not exist.")
+            raise _not_found(conversation_id)
         return found
 
     async def _turn(self, resolved: ResolvedModel, history: Sequence[Message], message: str, actor: Actor, *,
@@ -188,6 +190,11 @@ class ChatService:
             except Exception:
                 logger.exception("Marking proposal #%s seen failed", proposal_id)
         return delivered
+
+
+def _not_found(conversation_id: str) -> ConversationNotFound:
+    """The same answer for an unknown conversation and for another subject's."""
+    return ConversationNotFound(f"Conversation {conversation_id[:64]!r} does not exist.")
 
 
 def _why(exc: Exception, proposal_id: int) -> str:

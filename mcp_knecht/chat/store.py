@@ -156,6 +156,14 @@ class ChatStore:
             "SELECT * FROM chat_messages WHERE conversation_id = ? ORDER BY id DESC LIMIT ?", (conversation_id, limit))
         return [_message(row) for row in reversed(rows)]
 
+    async def history(self, conversation_id: str, subject: str, limit: int) -> list[Message] | None:
+        """The newest `limit` messages of a conversation `subject` owns (oldest first), in one query; None
+        for an unknown or another subject's conversation (every conversation holds its first exchange)."""
+        rows = await self.db.fetch_all(
+            "SELECT m.* FROM chat_messages m JOIN chat_conversations c ON c.id = m.conversation_id"
+            " WHERE c.id = ? AND c.subject = ? ORDER BY m.id DESC LIMIT ?", (conversation_id, subject, limit))
+        return [_message(row) for row in reversed(rows)] if rows else None
+
     async def record_turn(self, conversation_id: str | None, subject: str, title: str, exchange: Exchange) -> str:
         """Store a turn; a new conversation (`conversation_id` None) is created with it. Returns its id."""
         now = clock.timestamp()
@@ -171,14 +179,12 @@ class ChatStore:
         return conversation_id
 
     async def _append(self, tx: Transaction, conversation_id: str, exchange: Exchange, now: str) -> None:
-        await tx.execute(
-            "INSERT INTO chat_messages (conversation_id, role, kind, content, created_at) VALUES (?, 'user', ?, ?, ?)",
-            (conversation_id, exchange.asked_kind, exchange.asked, now))
         action = json.dumps(exchange.action, ensure_ascii=False) if exchange.action is not None else None
         await tx.execute(
             "INSERT INTO chat_messages (conversation_id, role, kind, content, proposal_id, action_json, created_at)"
-            " VALUES (?, 'assistant', 'message', ?, ?, ?, ?)",
-            (conversation_id, exchange.reply, exchange.proposal_id, action, now))
+            " VALUES (?, 'user', ?, ?, NULL, NULL, ?), (?, 'assistant', 'message', ?, ?, ?, ?)",
+            (conversation_id, exchange.asked_kind, exchange.asked, now,
+             conversation_id, exchange.reply, exchange.proposal_id, action, now))
         await tx.execute("UPDATE chat_conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
         if exchange.proposal_id is not None and exchange.actor is not None:
             # "Already pending" points at a proposal another turn staged: that turn's follow-up stands.
