@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -255,3 +256,15 @@ async def test_a_turn_through_each_providers_sdk(
     assert fake.requests[2].tool_results == []
     assert "Run 66 failed: the workflow's YAML is invalid." in fake.requests[2].text
     assert SYSTEM_PROMPT.splitlines()[0][:40] in fake.requests[2].text
+
+
+async def test_a_model_that_does_not_answer_in_time_is_a_500(
+    demo_env: dict[str, str], verifier: TokenVerifier, mint: Callable[..., str]
+) -> None:
+    with FakeProvider([Turn(delay=5.0, text="too late")] * 3) as fake:
+        env = {**demo_env, "KNECHT_MODEL_DEFAULT": "anthropic:claude-haiku-4-5", "ANTHROPIC_API_KEY": "sk-test",
+               "ANTHROPIC_BASE_URL": fake.url, "KNECHT_MODEL_TIMEOUT": "0.5"}
+        async with open_app(load_settings(env=env), watch_policy=False) as app, client_for(app, verifier) as http:
+            with anyio.fail_after(20):
+                response = await http.post(CHAT, json={"message": "hi"}, headers=bearer(mint))
+    assert response.status_code == 500 and _error(response)["code"] == "ai_model"
