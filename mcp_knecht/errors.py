@@ -15,6 +15,7 @@
     ├── DecisionError                (an operator's approve/reject could not take effect)
     │   ├── NotPendingError          "not_pending"    unknown, expired, already decided (lost race)
     │   ├── SelfApprovalError        "self_approval"  operators cannot approve their own proposals
+    │   ├── AlreadyApprovedError     "already_approved"  a quorum needs another operator, not you again
     │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
     ├── StoreError                   "store"          the database refused or is unreachable
     │   └── StoreBusyError           "store_busy"     the store cannot keep up right now: retry
@@ -105,6 +106,10 @@ class NotPendingError(DecisionError):
 
 class SelfApprovalError(DecisionError):
     code = "self_approval"
+
+
+class AlreadyApprovedError(DecisionError):
+    code = "already_approved"
 
 
 class HashMismatchError(DecisionError):

@@ -1,7 +1,8 @@
 """One racing approver: `python -m tests.approver_worker NAME FIRST_ID LAST_ID`.
 
 Opens the app from the environment (KNECHT_DATABASE_URL, KNECHT_TOOLSETS, …) and tries to
-approve every id in the range; prints one JSON line: how many it won and lost.
+approve every id in the range; prints one JSON line: how many it won (its approval claimed and
+executed the proposal), recorded (its approval counted toward a quorum still short) and lost.
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from mcp_knecht.errors import NotPendingError
 
 
 async def race(name: str, first: int, last: int) -> dict[str, float]:
-    won = lost = 0
+    won = recorded = lost = 0
     async with open_app(load_settings(), watch_policy=False) as app:
         service = app.approvals
         started = time.perf_counter()
         for proposal_id in range(first, last + 1):
             try:
-                await service.approve(proposal_id, Operator(name))
-                won += 1
+                decided = await service.approve(proposal_id, Operator(name))
             except NotPendingError:
                 lost += 1
+            else:
+                if decided.status == "pending":
+                    recorded += 1
+                else:
+                    won += 1
         elapsed = time.perf_counter() - started
-    return {"operator": name, "won": won, "lost": lost, "seconds": elapsed}  # type: ignore[dict-item]
+    return {"operator": name, "won": won, "recorded": recorded, "lost": lost,  # type: ignore[dict-item]
+            "seconds": elapsed}
 
 
 if __name__ == "__main__":

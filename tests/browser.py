@@ -7,6 +7,7 @@ the reason; with `CI=true` they fail instead, since CI installs it (`.ci/run`).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
@@ -80,10 +81,12 @@ def wait_until_up(base: str, timeout: float = 30.0) -> None:
 
 
 @contextmanager
-def in_process_server(env: dict[str, str], *, diagnosis: Any = None,
+def in_process_server(env: dict[str, str], *, diagnosis: Any = None, ai_model: Any = None,
                       extra_routes: Callable[[Any], list[Any]] | None = None) -> Iterator[str]:
     """The pages and the decision API served by uvicorn on a thread of this process, so that a test
-    can script what the parts built elsewhere answer (the diagnosis, the chat endpoint)."""
+    can script what the parts built elsewhere answer (the diagnosis, the chat endpoint). With
+    `ai_model` (a pydantic-ai model such as a `FunctionModel`) the server's own AI features run on it,
+    in the background as in the server, and the pages show their real diagnoses."""
     import uvicorn
     from starlette.applications import Starlette
 
@@ -102,7 +105,12 @@ def in_process_server(env: dict[str, str], *, diagnosis: Any = None,
     async def serve() -> None:
         settings = load_settings(env=env)
         verifier = TokenVerifier(load_token_settings(settings, create_dev_secret=False))
-        async with open_app(settings, watch_policy=False) as app:
+        async with open_app(settings, watch_policy=False) as app, anyio.create_task_group() as tasks:
+            if ai_model is not None:
+                from mcp_knecht.ai.models import ModelResolver
+
+                app.ai.models = ModelResolver(app.ai.settings, fixed=ai_model)
+                tasks.start_soon(functools.partial(app.ai.run, auto_diagnose=False))
             routes = [*DecisionApi(app, verifier).routes(), *(extra_routes(app) if extra_routes else []),
                       *web_routes(app, verifier, public_url=base, diagnosis=diagnosis)]
             config = uvicorn.Config(Starlette(routes=routes), host="127.0.0.1", port=port, log_level="warning",
@@ -110,6 +118,7 @@ def in_process_server(env: dict[str, str], *, diagnosis: Any = None,
             server = uvicorn.Server(config)
             servers.append(server)
             await server.serve()
+            tasks.cancel_scope.cancel()
 
     def target() -> None:
         try:

@@ -36,11 +36,15 @@ def secret() -> str:
 
 @pytest.fixture
 def env(tmp_path: Path, secret: str) -> dict[str, str]:
-    """A process environment for a server with its own data dir, database and secret."""
+    """A process environment for a server with its own data dir, database and secret, and a config
+    dir of its own: the shipped scopes, and an empty policies.toml (the built-in defaults: reads
+    auto, writes approve). Tests of the shipped policies.toml say so (tests/test_shipped_policy.py)."""
+    from tests.staging import make_config
+
     values = {
         "KNECHT_DATA_DIR": str(tmp_path / "data"),
         "KNECHT_DATABASE_URL": f"sqlite:///{tmp_path / 'knecht.db'}",
-        "KNECHT_CONFIG_DIR": str(REPO),
+        "KNECHT_CONFIG_DIR": str(make_config(tmp_path / "config")),
         "KNECHT_JWT_SECRET": secret,
     }
     return values

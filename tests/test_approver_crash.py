@@ -15,6 +15,7 @@ import pytest
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.approval import Operator
 from mcp_knecht.core.audit import AuditEntry
 from tests.conftest import server_env
 from tests.staging import AGENT, acli
@@ -84,12 +85,16 @@ async def test_an_operator_settles_an_outcome_unknown_execution_without_running_
     assert pending.returncode == 1 and "only an execution whose outcome is unknown" in pending.stderr
 
     # An approver that died after claiming and starting: the state a kill -9 leaves behind.
-    assert await app.proposals.claim(proposal_id, "bob", "2026-01-01T00:00:00.000000Z", _approved(proposal_id))
-    assert await app.proposals.start_execution(proposal_id, "2026-01-01T00:00:00.000000Z")
+    proposal = await app.proposals.get(proposal_id)
+    assert proposal is not None
+    sealed = app.approvals._approval(proposal, Operator("bob", verified=True))  # as the dead approver made it
+    claimed = await app.proposals.add_approval(proposal_id, sealed, required=1, counts=lambda a: True,
+                                               audit=lambda counted, done: _approved(proposal_id))
+    assert claimed == "claimed"
     assert (await app.proposals.get(proposal_id)).status == "executing"  # type: ignore[union-attr]
 
     settled_by_cli = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",
-                                "--outcome", "failed", "--reason", "checked")
+                                "--outcome", "failed", "--reason", "checked", "--force")
     assert settled_by_cli.returncode == 0 and "Settled" in settled_by_cli.stdout
     proposal = await app.proposals.get(proposal_id)
     assert proposal is not None and proposal.status == "failed"

@@ -120,7 +120,7 @@ def test_every_setting_is_documented_in_the_readme() -> None:
 def test_the_public_toolset_api_is_pinned() -> None:
     """What a toolset author imports from `mcp_knecht.core.toolset`: changing it breaks toolsets."""
     assert sorted(toolset.__all__) == [
-        "APPROVAL", "Actor", "CHAT", "ChangeFeed", "ConfigError", "ConflictError", "Database", "Effect",
+        "APPROVAL", "Actor", "CHAT", "ChangeFeed", "ConfigError", "ConflictError", "Database", "Effect", "Fact",
         "InvalidArgumentsError", "MCP", "Migrations", "NotFoundError", "PolicyDeniedError", "Prompt",
         "PromptArgument", "Row", "SecretRegistry", "Settings", "Source", "Tool", "ToolContext", "ToolError",
         "ToolInput", "Toolset", "ToolsetContext", "ToolsetFactory", "Transaction", "Wakeups", "build_toolset",

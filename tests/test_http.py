@@ -21,14 +21,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def module_env(tmp_path_factory: pytest.TempPathFactory, demo_db_template, secret_for_module: str):  # type: ignore[no-untyped-def]
-    from tests.conftest import REPO
+    from tests.staging import make_config
 
     folder = tmp_path_factory.mktemp("http")
     (folder / "knecht.db").write_bytes(demo_db_template.read_bytes())
     return {
         "KNECHT_DATA_DIR": str(folder / "data"),
         "KNECHT_DATABASE_URL": f"sqlite:///{folder / 'knecht.db'}",
-        "KNECHT_CONFIG_DIR": str(REPO),
+        "KNECHT_CONFIG_DIR": str(make_config(folder / "config")),
         "KNECHT_JWT_SECRET": secret_for_module,
     }
 

@@ -89,7 +89,8 @@ async def test_deny_hides_auto_runs_at_once_and_the_default_stages(connect, app:
         ("[tools]\nmemo = 'sometimes'", "tools.memo = 'sometimes': unknown value"),
         ("[policy]\ndefault = 'yes'", "policy.default = 'yes': unknown value"),
         ("[policy]\nfallback = 'auto'", "policy.fallback: unknown key"),
-        ("[rules]\nmemo = 'auto'", "unknown key 'rules'"),
+        ("[limits]\nmemo = 'auto'", "unknown key 'limits'"),
+        ("[rules]\nmemo = 'auto'", "rules must be a list of tables, each written as [[rules]]"),
         ("[tools]\n'list_runs.get' = 'auto'", "list_runs has no action 'get'"),
     ],
 )
@@ -176,10 +177,10 @@ def test_policies_and_scopes_never_come_from_the_working_directory(
     (hostile / "policies.toml").write_text('[policy]\ndefault = "auto"\n')
     env = {k: v for k, v in staged_env.items() if k != "KNECHT_CONFIG_DIR"}
     env.pop("KNECHT_TOOLSETS", None)
-    done = subprocess.run([str(Path(sys.executable).parent / "mcp-knecht"), "policy", "explain", "rerun_run"],
+    done = subprocess.run([str(Path(sys.executable).parent / "mcp-knecht"), "policy", "explain", "dispatch_workflow"],
                           cwd=hostile, env=server_env(env), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "rerun_run: approve" in done.stdout and "auto" not in done.stdout
+    assert "dispatch_workflow: approve" in done.stdout and "auto" not in done.stdout
 
 
 async def test_a_changed_file_takes_effect_without_a_restart(connect, app: App, config_dir: Path) -> None:  # type: ignore[no-untyped-def]

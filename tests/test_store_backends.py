@@ -13,7 +13,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp
 from mcp_knecht.core.keys import ServerKeys
-from mcp_knecht.core.proposals import NewProposal
+from mcp_knecht.core.proposals import Approval, NewProposal
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.errors import StoreError
 from mcp_knecht.knecht import MIGRATIONS as KNECHT_MIGRATIONS
@@ -222,6 +222,11 @@ async def _create(repo: SqlProposalRepository, n: int) -> int:
     return proposal_id
 
 
+async def _approve(repo: SqlProposalRepository, proposal_id: int, operator: str) -> str:
+    return await repo.add_approval(proposal_id, Approval(operator, operator, timestamp(), ""), required=1,
+                                   counts=lambda a: True, audit=lambda counted, done: _decision("approved", operator))
+
+
 async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:
     stores = [db, *[await open_database(db.url) for _ in range(3)]]
     repos = [SqlProposalRepository(s, CHAIN) for s in stores]
@@ -230,7 +235,7 @@ async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:
 
     async def claim(repo: SqlProposalRepository, operator: str) -> None:
         for proposal_id in random.sample(ids, len(ids)):
-            if await repo.claim(proposal_id, operator, timestamp(), _decision("approved", operator)):
+            if await _approve(repo, proposal_id, operator) == "claimed":
                 wins[proposal_id].append(operator)
 
     try:
@@ -241,7 +246,7 @@ async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:
         for store in stores[1:]:
             await store.close()
     assert all(len(winners) == 1 for winners in wins.values()), wins
-    assert await db.fetch_one("SELECT COUNT(*) AS n FROM proposals WHERE status = 'approved'") == {"n": 40}
+    assert await db.fetch_one("SELECT COUNT(*) AS n FROM proposals WHERE status = 'executing'") == {"n": 40}
     # Each proposal and each decision committed with its audit row: 40 staged, 40 approved, one chain.
     outcomes = await db.fetch_all("SELECT outcome, COUNT(*) AS n FROM audit_log GROUP BY outcome ORDER BY outcome")
     assert outcomes == [{"outcome": "approved", "n": 40}, {"outcome": "staged", "n": 40}]
@@ -268,8 +273,7 @@ async def test_a_decision_wakes_a_waiting_agent(db: Database) -> None:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(wait)
                 await anyio.sleep(0.3)
-                assert await SqlProposalRepository(other, CHAIN).claim(proposal_id, "bob", timestamp(), 
-                    _decision("approved"))
+                assert await _approve(SqlProposalRepository(other, CHAIN), proposal_id, "bob") == "claimed"
         assert woke_after and woke_after[0] < 1.5
         if db.dialect == "postgresql":
             assert notifier.listening and notifier.notifications >= 1  # type: ignore[attr-defined]

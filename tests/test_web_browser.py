@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -364,6 +365,47 @@ def test_the_card_goes_from_pending_to_done_without_a_reload_and_its_button_open
         assert run_page.locator("tr.current").inner_text().split()[1] == action["name"]
         shots.take(run_page, "run")
         dora.close()
+
+
+def test_the_servers_own_diagnosis_reaches_the_card_without_a_reload(
+    browser: Any, demo_env: dict[str, str], shots: Shots
+) -> None:
+    """The real path: the card asks, the server's AI feature runs in the background on a scripted model
+    (get_run, the failed action's log, an answer through the gate), and the card changes by itself."""
+    from pydantic_ai.models.function import FunctionModel
+
+    from mcp_knecht.ai.testing import scripted_diagnoser
+
+    scripted = scripted_diagnoser()
+
+    async def slow(messages: Any, info: Any) -> Any:
+        await anyio.sleep(2.0)  # long enough for the page to show the pending state first
+        return scripted.function(messages, info)  # type: ignore[misc]
+
+    failing = run_async(_query, demo_env, """
+        SELECT p.id AS project, r.id AS run, a.id AS action, a.name, r.workflow_id FROM projects p
+        JOIN runs r ON r.id = (SELECT MAX(id) FROM runs WHERE project_id = p.id)
+        JOIN actions a ON a.run_id = r.id AND a.status = 'failed' WHERE r.status = 'failed' LIMIT 1""")
+    assert failing
+    project, action = failing[0]["project"], failing[0]
+    with in_process_server(demo_env, ai_model=FunctionModel(slow, model_name="scripted-diagnoser")) as base:
+        dora = Person(browser, base, demo_env, "dora", READER).sign_in()
+        page = dora.page
+        assert "Knecht is looking into why the last run failed." in page.locator(f"#project-{project}").inner_text()
+        page.evaluate("window.stillTheSamePage = true")
+        button = page.locator(f"#project-{project} .diagnosis a.button")
+        button.wait_for(timeout=30_000)
+        assert page.evaluate("window.stillTheSamePage === true")
+        assert button.inner_text() == f"Open {action['name']}"
+        assert f"{action['name']} failed:" in page.locator(f"#project-{project} .summary").inner_text()
+        shots.take(page, "card-done-by-the-servers-diagnosis")
+        dora.close()
+    stored = run_async(_query, demo_env, "SELECT status, action_ids FROM run_diagnoses WHERE run_id = ?",
+                       action["run"])
+    assert stored and stored[0]["status"] == "done"
+    audited = run_async(_query, demo_env, "SELECT DISTINCT tool FROM audit_log WHERE source = ?",
+                        "feature:failure-diagnosis")
+    assert {row["tool"] for row in audited} == {"get_run", "get_action_log"}
 
 
 # --- the chat ---------------------------------------------------------------------------------------------

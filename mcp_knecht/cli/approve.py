@@ -29,6 +29,8 @@ examples:
   knecht-approve list --status failed --json
   knecht-approve show 12                     arguments, hash, current state, diff
   knecht-approve approve 12 --expect-hash 3f9a1c07
+                                             runs it, or records your approval when its
+                                             rule needs more operators ("1 of 2 approvals")
   knecht-approve reject 12 --reason "rerun the nightly instead"
   knecht-approve watch                       live view of new pending proposals
   knecht-approve settle 12 --outcome failed --reason "no rerun was created"
@@ -81,6 +83,10 @@ async def _approve(args: argparse.Namespace, decisions: Decisions) -> int:
     proposal = await decisions.approve(args.id, expect_hash=args.expect_hash)
     if args.json:
         print(json.dumps(proposal_json(proposal), indent=2, ensure_ascii=False))
+    elif proposal.status == "pending":
+        missing = proposal.approvers - len(proposal.approvals)
+        print(f"Recorded your approval of #{proposal.id} ({proposal.call_name}): {proposal.quorum}; "
+              f"{missing} more operator{'s' if missing != 1 else ''} must approve before it runs.")
     else:
         print(f"Approved #{proposal.id} ({proposal.call_name}); execution {proposal.status}.")
         if proposal.error:

@@ -22,6 +22,7 @@ from mcp_knecht.core.approval import Operator
 from mcp_knecht.core.proposals import Proposal, same_person
 from mcp_knecht.core.settings import OPERATOR_AUTH, OPERATOR_TOKEN, SERVER_URL, Settings
 from mcp_knecht.errors import (
+    AlreadyApprovedError,
     AuthError,
     ConfigError,
     DecisionError,
@@ -107,7 +108,7 @@ class DirectDecisions:
 _ERRORS: dict[str, type[KnechtError]] = {
     "self_approval": SelfApprovalError, "hash_mismatch": HashMismatchError, "not_pending": NotPendingError,
     "not_found": NotPendingError, "tampered": TamperedError, "usage": UsageError, "bad_request": UsageError,
-    "decision": DecisionError, "forbidden": DecisionError,
+    "decision": DecisionError, "forbidden": DecisionError, "already_approved": AlreadyApprovedError,
 }
 
 

@@ -19,10 +19,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def proposal_row(p: Proposal) -> list[object]:
     return [p.id, p.status, p.call_name, p.proposer_subject, p.created_at[:19], p.expires_at[:19],
-            p.arguments_hash[:12], p.decided_by or ""]
+            p.arguments_hash[:12], p.decided_by or "", p.quorum]
 
 
-PROPOSAL_HEADERS = ["ID", "STATUS", "CALL", "PROPOSER", "CREATED (UTC)", "EXPIRES (UTC)", "HASH", "DECIDED BY"]
+PROPOSAL_HEADERS = ["ID", "STATUS", "CALL", "PROPOSER", "CREATED (UTC)", "EXPIRES (UTC)", "HASH", "DECIDED BY",
+                    "APPROVALS"]
 
 
 def _diffs(arguments: dict[str, Any], preview: dict[str, Any] | None) -> list[str]:
@@ -48,6 +49,8 @@ def proposal_details(p: Proposal) -> str:
         f"  proposer    {p.proposer_subject} (client {p.proposer_client})",
         f"  scopes      {' '.join(p.proposer_scopes)}",
         f"  policy rule {p.rule}",
+        *([f"  why staged  {p.policy_reason}"] if p.policy_reason else []),
+        f"  approvals   {p.quorum}",
         f"  created     {p.created_at}",
         f"  expires     {p.expires_at}",
         f"  hash        {p.arguments_hash}",

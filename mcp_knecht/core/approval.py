@@ -1,14 +1,18 @@
 """Deciding proposals: approve (then execute exactly once), reject, settle, expire.
 
-    approve(id)  pending ──claim──▶ approved ──▶ executing ──▶ succeeded | failed
+    approve(id)  pending ──claim──▶ approved + executing ──▶ succeeded | failed   (one commit, then one)
+                 pending ──record──▶ pending        (an approval short of the quorum)
     reject(id)   pending ──────────▶ rejected
     expire_due()  pending ─────────▶ expired                        (by the server's clock)
     settle(id)                               executing ──▶ succeeded | failed   (by a person)
 
-The claim is one conditional update: of racing operators exactly one wins, and only the winner
-executes. Each transition commits together with its audit row. Before a proposal is shown, approved
-or executed its seal is checked — a server-keyed MAC over everything that decides what runs — so a
-row rewritten in the database is refused (and the refusal audited), never run. Execution runs the
+A proposal needs `approvers` distinct operators (1 unless the rule that staged it asks for more;
+never the proposer). Each approval is recorded and sealed; the one that completes the quorum claims
+the proposal in the same transaction, with one conditional update: of racing operators exactly one
+wins, and only the winner executes. One operator rejecting is enough. Each transition commits
+together with its audit row. Before a proposal is shown, approved or executed its seal (and each of
+its approvals' seals) is checked — a server-keyed MAC over everything that decides what runs and who
+must approve it — so a row rewritten in the database is refused (and the refusal audited), never run. Execution runs the
 frozen arguments (re-validated) through the gate's own execution path, as the proposer with the
 scopes it held, with no model involved. A crash while executing leaves `executing`: nothing here
 ever picks it up again. An operator who has checked the effect by hand may `settle` it.
@@ -20,18 +24,19 @@ Who decides is an `Operator`: verified (from an operator token: the API, `--serv
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry, DurableAuditSink, Outcome
-from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.gate import Gate, GateResult
 from mcp_knecht.core.keys import ServerKeys
-from mcp_knecht.core.proposals import Proposal, ProposalRepository, same_person
+from mcp_knecht.core.proposals import Approval, Proposal, ProposalRepository, person, same_person
 from mcp_knecht.core.tools import APPROVAL
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
+    AlreadyApprovedError,
     DecisionError,
     HashMismatchError,
     InvalidArgumentsError,
@@ -70,7 +75,11 @@ class ApprovalService:
 
     def seal_holds(self, proposal: Proposal) -> bool:
         return (self._keys.verify("seal", proposal.seal_text(), proposal.seal)
-                and self._keys.verify("arguments", proposal.arguments_json, proposal.arguments_hash))
+                and self._keys.verify("arguments", proposal.arguments_json, proposal.arguments_hash)
+                and all(self._approval_holds(proposal.id, proposal.seal, a) for a in proposal.approvals))
+
+    def _approval_holds(self, proposal_id: int, proposal_seal: str | None, approval: Approval) -> bool:
+        return self._keys.verify("approval", approval.seal_text(proposal_id, proposal_seal), approval.seal)
 
     async def checked(self, proposal_id: int, reader: str = "knecht-approve") -> Proposal:
         """The proposal, refused (and the refusal audited) when its row fails its seal."""
@@ -82,7 +91,8 @@ class ApprovalService:
             await self._audit.flush()
             raise TamperedError(
                 f"Proposal #{proposal_id} fails its seal: its row was changed outside mcp-knecht (arguments, tool, "
-                "proposer or scopes). It will not be shown or run; check the database and `mcp-knecht audit verify`."
+                "proposer, scopes, quorum or an approval). It will not be shown or run; check the database and "
+                "`mcp-knecht audit verify`."
             )
         return proposal
 
@@ -129,10 +139,29 @@ class ApprovalService:
                     f"Proposal #{proposal_id} has hash {proposal.arguments_hash[:16]}…, not {expected}…; "
                     "look at it again with `knecht-approve show`."
                 )
-        if not await self._proposals.claim(proposal_id, operator.recorded_as, clock.timestamp(),
-                                           self._entry(operator, proposal, "approved")):
-            raise self._not_pending(await self.checked(proposal_id))
-        return await self._execute(proposal_id, operator)
+        if any(approval.person == person(operator.name) for approval in proposal.approvals):
+            raise AlreadyApprovedError(
+                f"You approved proposal #{proposal_id} already ({proposal.quorum}); another operator must approve "
+                "it too.")
+        outcome = await self._proposals.add_approval(
+            proposal_id, self._approval(proposal, operator), required=proposal.approvers,
+            counts=lambda a: self._approval_holds(proposal.id, proposal.seal, a),
+            audit=lambda counted, completes: self._entry(
+                operator, proposal, "approved" if completes else "approval_recorded",
+                approvals=[a.operator for a in counted], approvers=proposal.approvers),
+        )
+        if outcome == "claimed":
+            return await self._execute(proposal_id, operator)
+        if outcome == "recorded":
+            return await self.checked(proposal_id)
+        current = await self.checked(proposal_id)
+        if outcome == "duplicate":
+            raise AlreadyApprovedError(f"You approved proposal #{proposal_id} already ({current.quorum}).")
+        raise self._not_pending(current)
+
+    def _approval(self, proposal: Proposal, operator: Operator) -> Approval:
+        unsealed = Approval(operator.recorded_as, person(operator.name), clock.timestamp(), "")
+        return replace(unsealed, seal=self._keys.mac("approval", unsealed.seal_text(proposal.id, proposal.seal)))
 
     async def reject(self, proposal_id: int, operator: Operator, reason: str) -> Proposal:
         if not reason.strip():
@@ -180,8 +209,7 @@ class ApprovalService:
     # --- execution -----------------------------------------------------------------------------------
 
     async def _execute(self, proposal_id: int, operator: Operator) -> Proposal:
-        if not await self._proposals.start_execution(proposal_id, clock.timestamp()):
-            raise self._not_pending(await self.checked(proposal_id))
+        """Run a proposal this operator's approval claimed (it is `executing`), and record the outcome."""
         succeeded: bool
         result_json: str | None
         error: str | None
@@ -205,12 +233,15 @@ class ApprovalService:
             return False, None, f"Tool {proposal.tool} is no longer served by this installation."
         if not proposal.proposer.holds(needed := tool.scope_of(proposal.action)):
             return False, None, f"The proposer did not hold scope {needed}."
-        if self._gate.policy().decide(tool, proposal.action).mode == "deny":
-            return False, None, f"{proposal.call_name} has been denied by policy since it was proposed."
         try:
             arguments = validate_arguments(tool.name, tool.input_model, proposal.arguments)
         except InvalidArgumentsError as exc:
             return False, None, exc.message
+        decision = await self._gate.decide(proposal.proposer, tool, proposal.action, arguments, source=APPROVAL)
+        if isinstance(decision, GateResult):
+            return False, None, decision.text
+        if decision.mode == "deny":
+            return False, None, f"{proposal.call_name} has been denied by policy since it was proposed."
         result = await self._gate.execute(proposal.proposer, tool, arguments, source=APPROVAL)
         result_json = json.dumps(result.data, ensure_ascii=False) if result.data is not None else None
         return (not result.is_error), result_json, (result.text if result.is_error else None)

@@ -10,7 +10,7 @@ from mcp_knecht.core.clock import timestamp
 
 Outcome = Literal[
     "ran", "failed", "invalid", "denied", "staged", "forbidden",
-    "approved", "rejected", "executed", "execution_failed", "settled", "expired", "tampered",
+    "approved", "approval_recorded", "rejected", "executed", "execution_failed", "settled", "expired", "tampered",
 ]
 
 

@@ -3,12 +3,18 @@
     call_tool(actor, name, arguments)
       1. look up      unknown, or outside the actor's scopes → the same "unknown tool"
       2. validate     against the input model → an error naming each bad field; nothing runs
-      3. decide       policy for Tool.Action → Tool → default
+      3. decide       the policy: the first matching [[rules]] entry, then Tool.Action → Tool →
+                      default → built-in. A decision no rule on arguments can change is taken
+                      here, and a deny ends the call before anything else happens
       4. freeze       fill in what the call depends on (a commit SHA, a base version, a role)
-      5. act          deny → refused; approve → staged as a proposal; auto → run (a write is
+      5. decide       otherwise here, on the arguments as frozen and the tool's facts (the branch
+                      a run is on): what a rule tests is what will run, not what the model typed
+      6. act          deny → refused; approve → staged as a proposal; auto → run (a write is
                       staged all the same for a caller that never writes itself: the chat)
-      6. audit        every outcome, with the rule that decided it; then `observe` (metrics, traces,
+      7. audit        every outcome, with the rule that decided it; then `observe` (metrics, traces,
                       log events) sees the same entry
+
+Freezing only reads, so a call denied at step 5 has still changed nothing.
 
 MCP calls, execution of approved proposals and in-server features all come through here.
 """
@@ -93,6 +99,19 @@ def _internal_error(tool_name: str, doing: str) -> GateResult:
                       is_error=True, error_code="internal")
 
 
+def _why_staged(decision: Decision) -> str:
+    """What the agent learns of the rule that staged its call: its reason and the quorum."""
+    why = f" Why: {decision.reason}." if decision.reason else ""
+    quorum = (f" It needs {decision.approvers} approvals by different operators." if decision.approvers > 1
+              else "")
+    return why + quorum
+
+
+def _denied(tool: Tool, action: str | None, decision: Decision) -> GateResult:
+    why = f": {decision.reason}" if decision.reason else ""
+    return _error("denied", PolicyDeniedError(f"{tool.name}{'.' + action if action else ''} is denied by policy{why}."))
+
+
 def _error(outcome: Outcome, exc: ToolError) -> GateResult:
     data = {"error": {"code": exc.code, "message": exc.message, **exc.details}}
     return GateResult(outcome, exc.message, data, is_error=True, error_code=exc.code)
@@ -122,7 +141,7 @@ class Gate:
 
     def visible_tools(self, actor: Actor) -> list[Tool]:
         policy = self._policy()
-        return [tool for tool in self.registry.in_scope(actor) if not policy.hides(tool)]
+        return [tool for tool in self.registry.in_scope(actor) if not policy.hides(tool, actor)]
 
     def policy(self) -> Policy:
         return self._policy()
@@ -150,13 +169,19 @@ class Gate:
         if not actor.holds(needed := tool.scope_of(action)):
             missing = MissingScopeError(f"{tool.name}.{action} needs scope {needed}, which your token does not hold.")
             return self._finish(actor, source, started, _error("forbidden", missing), name, action)
-        decision = self._policy().decide(tool, action)
-        if decision.mode == "deny":
-            denied = PolicyDeniedError(f"{tool.name}{'.' + action if action else ''} is denied by policy.")
-            return self._finish(actor, source, started, _error("denied", denied), name, action, decision)
+        decision = self._policy().settled(tool, action, actor)
+        if decision is not None and decision.mode == "deny":
+            return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
         frozen = await self._freeze(actor, tool, validated, source)
         if isinstance(frozen, GateResult):
             return self._finish(actor, source, started, frozen, name, action, decision)
+        if decision is None:
+            decided = await self.decide(actor, tool, action, frozen, source=source)
+            if isinstance(decided, GateResult):
+                return self._finish(actor, source, started, decided, name, action)
+            decision = decided
+            if decision.mode == "deny":
+                return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
         if stage_writes:
             decision = _staged_if_write(tool, action, decision)
         if decision.mode == "approve":
@@ -179,11 +204,40 @@ class Gate:
             return _internal_error(tool.name, "running")
         return self._render(raw)
 
+    async def decide(self, actor: Actor, tool: Tool, action: str | None, arguments: BaseModel, *,
+                     source: Source) -> Decision | GateResult:
+        """The policy's decision for a frozen call: rules see its arguments and, when a rule tests
+        one, the tool's facts (`Tool.facts`). Shared by the gate and the executor of approved
+        proposals (which re-checks that the call is not denied now)."""
+        policy = self._policy()
+        values = await self.rule_values(actor, tool, arguments, source=source, names=policy.names(tool, action))
+        return values if isinstance(values, GateResult) else policy.decide(tool, action, values, actor)
+
+    async def freeze(self, actor: Actor, tool: Tool, validated: BaseModel, *, source: Source) -> BaseModel | GateResult:
+        """A validated call frozen exactly as the gate freezes it (for `policy explain`)."""
+        return await self._freeze(actor, tool, validated, source)
+
+    async def rule_values(self, actor: Actor, tool: Tool, arguments: BaseModel, *, source: Source,
+                          names: frozenset[str] | None = None) -> dict[str, Any] | GateResult:
+        """What rules see of a frozen call: its arguments, with the tool's facts over them — only
+        `names` (the facts are looked up only when one of them is a fact), or everything."""
+        wanted = names if names is not None else frozenset(tool.rule_fields)
+        values: dict[str, Any] = {name: getattr(arguments, name, None) for name in tool.rule_fields if name in wanted}
+        if tool.facts is not None and not wanted.isdisjoint(tool.fact_fields):
+            try:
+                facts = await tool.facts(arguments, ToolContext(actor=actor, source=source))
+            except ToolError as exc:
+                return self._tool_error("failed", exc)
+            except Exception:
+                return _internal_error(tool.name, "deciding on")
+            values.update({name: facts[name] for name in wanted if name in facts})
+        return values
+
     def _look_up(self, actor: Actor, name: object, allowed: Collection[str] | None = None) -> Tool | None:
         if allowed is not None and name not in allowed:
             return None
         tool = self.registry.get(name) if isinstance(name, str) else None
-        if tool is None or not actor.holds(tool.scope) or self._policy().hides(tool):
+        if tool is None or not actor.holds(tool.scope) or self._policy().hides(tool, actor):
             return None
         return tool
 
@@ -223,7 +277,7 @@ class Gate:
         except Exception:
             return _internal_error(tool.name, "staging"), call, False
         if proposal.pop("created", True):
-            text = f"Submitted for approval (#{proposal['id']}).{_follow_up(proposal)}"
+            text = f"Submitted for approval (#{proposal['id']}).{_why_staged(decision)}{_follow_up(proposal)}"
         else:
             text = (f"Already pending approval (#{proposal['id']}): you proposed exactly this call before and it "
                     f"still waits for a decision; nothing new was staged.{_follow_up(proposal)}")

@@ -21,18 +21,52 @@ Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rej
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
 DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired"})
+QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending"]
 
 
 def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
-              subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str, expires_at: str) -> str:
-    """Everything that decides what an approval runs, as one text for the seal's MAC."""
-    return canonical_json([tool, action, arguments_json, arguments_hash, arguments_shown, subject, client,
-                           sorted(scopes), rule, created_at, expires_at])
+              subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str, expires_at: str,
+              approvers: int = 1, policy_reason: str | None = None) -> str:
+    """Everything that decides what an approval runs, and who must approve it, as one text for the
+    seal's MAC. (A proposal needing one approver and giving no reason is sealed exactly as before
+    quorums existed, so older seals still hold; any other quorum or reason is part of the text.)"""
+    sealed: list[object] = [tool, action, arguments_json, arguments_hash, arguments_shown, subject, client,
+                            sorted(scopes), rule, created_at, expires_at]
+    if approvers != 1 or policy_reason is not None:
+        sealed += [approvers, policy_reason]
+    return canonical_json(sealed)
+
+
+def person(name: str) -> str:
+    """A subject as people compare them: case and surrounding or repeated whitespace ignored."""
+    return " ".join(name.split()).casefold()
 
 
 def same_person(one: str, other: str) -> bool:
     """Subjects compared as people would: case and surrounding or repeated whitespace ignored."""
-    return " ".join(one.split()).casefold() == " ".join(other.split()).casefold()
+    return person(one) == person(other)
+
+
+def quorum_text(count: int, required: int, names: Sequence[str]) -> str:
+    """`1 of 2 approvals (alice)`."""
+    noun = "approval" if required == 1 else "approvals"
+    return f"{count} of {required} {noun}" + (f" ({', '.join(names)})" if names else "")
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One operator's approval of a proposal. It is sealed too (a server-keyed MAC binding it to
+    the proposal's own seal), so an approval row written into the database counts for nothing."""
+
+    operator: str
+    """As recorded: the verified subject, or `local:NAME`."""
+    person: str
+    """`person(name)`: at most one approval per person and proposal."""
+    approved_at: str
+    seal: str
+
+    def seal_text(self, proposal_id: int, proposal_seal: str | None) -> str:
+        return canonical_json(["approval", proposal_id, proposal_seal, self.operator, self.person, self.approved_at])
 
 
 @dataclass(frozen=True)
@@ -62,12 +96,28 @@ class Proposal:
     covers both."""
     seal: str | None = None
     """A server-keyed MAC over `seal_text` (None: staged by release 0.1.0, before seals)."""
+    approvers: int = 1
+    """How many distinct operators must approve (the rule's `approvers`); sealed."""
+    policy_reason: str | None = None
+    """The reason of the rule that staged it, for the operator; sealed."""
+    approvals: tuple[Approval, ...] = ()
+    """The approvals recorded so far, oldest first."""
 
     def seal_text(self) -> str:
         return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
                          arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
                          subject=self.proposer_subject, client=self.proposer_client, scopes=self.proposer_scopes,
-                         rule=self.rule, created_at=self.created_at, expires_at=self.expires_at)
+                         rule=self.rule, created_at=self.created_at, expires_at=self.expires_at,
+                         approvers=self.approvers, policy_reason=self.policy_reason)
+
+    @property
+    def approved_by(self) -> list[str]:
+        return [approval.operator for approval in self.approvals]
+
+    @property
+    def quorum(self) -> str:
+        """`1 of 2 approvals (alice)`: what `knecht-approve list` and `show` print."""
+        return quorum_text(len(self.approvals), self.approvers, self.approved_by)
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -95,7 +145,9 @@ class Proposal:
         """The proposal as operators see it (the decision API, `knecht-approve --json`)."""
         return {**self.public(), "proposer": {"subject": self.proposer_subject, "client": self.proposer_client,
                                              "scopes": list(self.proposer_scopes)},
-                "rule": self.rule, "preview": self.preview, "started_at": self.started_at}
+                "rule": self.rule, "policy_reason": self.policy_reason, "preview": self.preview,
+                "started_at": self.started_at,
+                "approvals": [{"operator": a.operator, "approved_at": a.approved_at} for a in self.approvals]}
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> Proposal:
@@ -111,6 +163,9 @@ class Proposal:
             expires_at=document["expires_at"], decided_by=document["decided_by"], decided_at=document["decided_at"],
             reason=document["reason"], started_at=document["started_at"], finished_at=document["finished_at"],
             result=document["result"], error=document["error"], arguments_shown=shown,
+            approvers=document.get("approvers", 1), policy_reason=document.get("policy_reason"),
+            approvals=tuple(Approval(a["operator"], person(a["operator"]), a["approved_at"], "")
+                            for a in document.get("approvals", [])),
         )
 
     def public(self) -> dict[str, Any]:
@@ -121,6 +176,7 @@ class Proposal:
             "created_at": self.created_at, "expires_at": self.expires_at,
             "decided_by": self.decided_by, "decided_at": self.decided_at, "reason": self.reason,
             "finished_at": self.finished_at, "result": self.result, "error": self.error,
+            "approvers": self.approvers, "quorum": self.quorum,
         }
 
 
@@ -137,13 +193,15 @@ class NewProposal:
     created_at: str
     expires_at: str
     seal: str
+    approvers: int = 1
+    policy_reason: str | None = None
 
     def seal_text(self) -> str:
         return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
                          arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
                          subject=self.proposer.subject, client=self.proposer.client,
                          scopes=sorted(self.proposer.scopes), rule=self.rule, created_at=self.created_at,
-                         expires_at=self.expires_at)
+                         expires_at=self.expires_at, approvers=self.approvers, policy_reason=self.policy_reason)
 
 
 class ProposalRepository(Protocol):
@@ -165,13 +223,16 @@ class ProposalRepository(Protocol):
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         """Write `expired` (and its audit row) on every overdue pending proposal; return those."""
         ...
-    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
-        """pending (not expired, not the operator's own) → approved. True for exactly one caller."""
+    async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
+                           counts: Callable[[Approval], bool],
+                           audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
+        """Record `approval` of a pending proposal, serialised with every other approval of it (across
+        processes and replicas). The approval that makes `required` distinct persons (counting only
+        approvals for which `counts` holds) also claims it, pending → approved and executing, in the
+        same transaction: `claimed` for exactly one caller. Otherwise `recorded`, `duplicate` (this person
+        approved already) or `not_pending`. `audit(counted, completes)` is the row committed with it."""
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
-    async def start_execution(self, proposal_id: int, now: str) -> bool:
-        """approved → executing."""
-        ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
                      error: str | None, now: str, audit: AuditEntry) -> bool:
         """executing → succeeded | failed."""

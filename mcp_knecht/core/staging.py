@@ -55,6 +55,8 @@ class ProposalStager:
             created_at=clock.timestamp(now),
             expires_at=expires,
             seal="",
+            approvers=call.decision.approvers if call.decision.mode == "approve" else 1,
+            policy_reason=call.decision.reason,
         )
         sealed = NewProposal(**{**unsealed.__dict__, "seal": self._keys.mac("seal", unsealed.seal_text())})
         proposal_id, created = await self._proposals.create(sealed, staged)
@@ -66,5 +68,7 @@ class ProposalStager:
             "action": call.action,
             "arguments_hash": call.arguments_hash,
             "expires_at": expires,
+            **({"reason": call.decision.reason} if call.decision.reason else {}),
+            **({"approvers": call.decision.approvers} if call.decision.approvers > 1 else {}),
             "next": f"A human decides; follow up with get_proposal(id={proposal_id}).",
         }

@@ -7,9 +7,9 @@ A toolset builds `Tool` values and registers them; the gate is the only caller o
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -76,6 +76,21 @@ Previewer = Callable[[Any, ToolContext], Awaitable[dict[str, Any] | None]]
 """`async (validated_input, context) -> current state of what the call would change`, as the
 proposer may read it; frozen into the proposal so the operator sees what they approve."""
 
+FactFinder = Callable[[Any, ToolContext], Awaitable[Mapping[str, Any]]]
+"""`async (frozen_input, context) -> {name: value}`: what policy rules may test besides the
+arguments, derived from the frozen call (the branch a run is on, whether a variable is secret).
+Called only when a rule for the call tests one of these names; it reads, it never writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A value policy rules may test (`when = { NAME = … }`) that is not an argument as typed:
+    derived after freezing, or replacing an argument by its resolved form (a workflow id → name)."""
+
+    type: Any
+    """What values a rule may compare it with: `str`, `bool` or `int`."""
+    description: str
+
 
 @dataclass(frozen=True, kw_only=True)
 class Tool:
@@ -98,6 +113,9 @@ class Tool:
     frozen_fields: tuple[str, ...] = ()
     """The arguments `freeze` always fills in. An approved proposal whose arguments lack one was
     never frozen, and is refused rather than run."""
+    facts: FactFinder | None = None
+    fact_fields: Mapping[str, Fact] = field(default_factory=dict)
+    """What `facts` returns, by name: rules see these (a fact named like an argument replaces it)."""
 
     def __post_init__(self) -> None:
         if self.frozen_fields and self.freeze is None:
@@ -108,6 +126,8 @@ class Tool:
             raise TypeError(f"Tool {self.name} declares action effects but its input has no 'action' field")
         if self.action_scopes and not set(self.action_scopes) <= set(self.actions):
             raise TypeError(f"Tool {self.name} gives scopes to actions it does not declare")
+        if bool(self.fact_fields) != (self.facts is not None):
+            raise TypeError(f"Tool {self.name} needs both `facts` and `fact_fields`, or neither")
 
     @property
     def actions(self) -> tuple[str, ...]:
@@ -136,6 +156,16 @@ class Tool:
     @cached_property
     def output_schema(self) -> dict[str, Any] | None:
         return self.output_model.model_json_schema() if self.output_model else None
+
+    @cached_property
+    def rule_fields(self) -> dict[str, Any]:
+        """What a policy rule on this tool may test, by name, with the type its values must have:
+        the input's fields (as validated and frozen), with the facts over them."""
+        fields: dict[str, Any] = {}
+        for name, info in self.input_model.model_fields.items():
+            fields[name] = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields.update({name: fact.type for name, fact in self.fact_fields.items()})
+        return fields
 
     def unfrozen(self, arguments: BaseModel) -> list[str]:
         """The frozen fields that `arguments` leave empty (none, after `freeze`)."""

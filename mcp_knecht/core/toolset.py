@@ -48,6 +48,9 @@ A write (`effect="write"`) is staged for approval by default: give it `freeze` (
 call depends on, e.g. a commit SHA; named in `frozen_fields`) and `preview` (the current state of
 what it would change, as the caller may read it). The gate freezes every call before it runs or
 is staged; a handler always receives frozen arguments, and `ctx.source` says who asked.
+A tool may also give policy rules facts besides its arguments: `facts` (an async function of the
+frozen input returning `{name: value}`) and `fact_fields` (`{name: Fact(str, "the run's branch")}`),
+so that `when = { branch = "main" }` in policies.toml holds for what the call will actually touch.
 Test a toolset with `mcp_knecht.testing`.
 """
 
@@ -67,7 +70,18 @@ from mcp_knecht.core.proposals import ProposalRepository
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.core.scrub import SecretRegistry
 from mcp_knecht.core.settings import Settings
-from mcp_knecht.core.tools import APPROVAL, CHAT, MCP, Effect, Source, Tool, ToolContext, ToolInput, feature_source
+from mcp_knecht.core.tools import (
+    APPROVAL,
+    CHAT,
+    MCP,
+    Effect,
+    Fact,
+    Source,
+    Tool,
+    ToolContext,
+    ToolInput,
+    feature_source,
+)
 from mcp_knecht.errors import (
     ConfigError,
     ConflictError,
@@ -87,6 +101,7 @@ __all__ = [
     "ConflictError",
     "Database",
     "Effect",
+    "Fact",
     "InvalidArgumentsError",
     "Migrations",
     "NotFoundError",

@@ -15,7 +15,7 @@ from pydantic import Field, StringConstraints
 from mcp_knecht.ai.diagnoses import shown_diagnosis
 from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database, Row, Transaction
-from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
+from mcp_knecht.core.tools import Fact, Tool, ToolContext, ToolInput
 from mcp_knecht.errors import ConflictError, NotFoundError
 from mcp_knecht.knecht.definitions import action_names
 from mcp_knecht.knecht.refs import branch_head, find_project
@@ -124,6 +124,16 @@ Propose to cancel a queued or running run: its running action is cancelled, pend
 run that already finished (succeeded, failed, cancelled) cannot be cancelled: you get a clear error at \
 once. Give a short `reason`; it goes into the run log."""
 
+RUN_FACTS = {
+    "project": Fact(str, "the run's project (slug)"),
+    "workflow": Fact(str, "the run's workflow (name)"),
+    "branch": Fact(str, "the branch the run is on"),
+    "created_by": Fact(str, "who started the run"),
+    "own_run": Fact(bool, "true when the caller started the run (the proposer, once approved)"),
+}
+"""What policy rules on rerun_run and cancel_run may test besides the arguments: the run's own
+facts, so a rule on `branch` holds for the branch the run is on, whatever the model typed."""
+
 # --- Tools ---------------------------------------------------------------------------------------
 
 
@@ -193,6 +203,12 @@ class RunTools:
     async def cancel(self, args: CancelRunInput, ctx: ToolContext) -> dict[str, Any]:
         return await cancel_run(self.db, args.run_id, ctx.actor.subject, args.reason)
 
+    async def facts(self, args: RerunRunInput | CancelRunInput, ctx: ToolContext) -> dict[str, Any]:
+        """What policy rules on rerun_run and cancel_run see of the run (RUN_FACTS)."""
+        run = await run_row(self.db, args.run_id)
+        return {"project": run["project"], "workflow": run["workflow"], "branch": run["branch"],
+                "created_by": run["created_by"], "own_run": run["created_by"] == ctx.actor.subject}
+
     def tools(self) -> list[Tool]:
         return [
             Tool(name="list_runs", description=LIST_RUNS, scope="runs:read", input_model=ListRunsInput,
@@ -201,9 +217,11 @@ class RunTools:
                  handler=self.get_run, title="Get a run"),
             Tool(name="rerun_run", description=RERUN_RUN, scope="runs:write", input_model=RerunRunInput,
                  handler=self.rerun, effect="write", preview=self.preview_rerun, freeze=self.freeze_rerun,
-                 frozen_fields=("commit_sha", "workflow_version"), title="Re-run a run"),
+                 frozen_fields=("commit_sha", "workflow_version"), facts=self.facts, fact_fields=RUN_FACTS,
+                 title="Re-run a run"),
             Tool(name="cancel_run", description=CANCEL_RUN, scope="runs:write", input_model=CancelRunInput,
-                 handler=self.cancel, effect="write", preview=self.preview_cancel, title="Cancel a run"),
+                 handler=self.cancel, effect="write", preview=self.preview_cancel, facts=self.facts,
+                 fact_fields=RUN_FACTS, title="Cancel a run"),
         ]
 
 

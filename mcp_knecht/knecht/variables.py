@@ -11,7 +11,7 @@ from pydantic import Field
 from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database, Row
 from mcp_knecht.core.scrub import SecretRegistry
-from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
+from mcp_knecht.core.tools import Fact, Tool, ToolContext, ToolInput
 from mcp_knecht.errors import ConflictError, InvalidArgumentsError, NotFoundError
 from mcp_knecht.knecht.refs import find_project
 
@@ -55,6 +55,15 @@ project with name, whether it is secret, value (null for secrets), who changed i
 variable; 'set': create or change one (needs `name` and `value`; `secret` true for credentials); \
 'delete': remove one. 'set' and 'delete' need scope variables:write and are staged for approval. A \
 secret's value is never returned by any tool, preview or result, not even to whoever set it."""
+
+VARIABLE_FACTS = {
+    "project": Fact(str, "the project's slug, however the call named it"),
+    "secret": Fact(bool, "whether the variable is secret: for set, as it will be stored; for get and "
+                         "delete, as it is now (false for a variable that does not exist)"),
+    "exists": Fact(bool, "whether the variable exists now"),
+}
+"""What policy rules on project_variable may test besides the arguments: so a rule on deleting
+secret variables holds although `secret` is not an argument of a delete."""
 
 # --- Tool ----------------------------------------------------------------------------------------
 
@@ -115,6 +124,19 @@ class VariableTools:
             self.secrets.update(await secret_values(self.db))
         return {"project": project["slug"], **result}
 
+    async def facts(self, args: ProjectVariableInput, ctx: ToolContext) -> dict[str, Any]:
+        """What policy rules on project_variable see (VARIABLE_FACTS)."""
+        project = await find_project(self.db, args.project)
+        facts: dict[str, Any] = {"project": project["slug"]}
+        if args.name is not None:
+            existing = await get_variable(self.db, project["id"], args.name)
+            facts["exists"] = existing is not None
+            if args.action == "set":
+                facts["secret"] = check_secrecy(existing, args.secret)
+            else:
+                facts["secret"] = bool(existing["secret"]) if existing is not None else False
+        return facts
+
     def _mask(self, value: str) -> None:
         if self.secrets is not None:
             self.secrets.add([value])
@@ -125,7 +147,8 @@ class VariableTools:
                  input_model=ProjectVariableInput, handler=self.project_variable,
                  action_effects={"list": "read", "get": "read", "set": "write", "delete": "write"},
                  action_scopes={"set": "variables:write", "delete": "variables:write"},
-                 preview=self.preview, freeze=self.freeze, frozen_fields=("previous",), title="Project variables"),
+                 preview=self.preview, freeze=self.freeze, frozen_fields=("previous",), facts=self.facts,
+                 fact_fields=VARIABLE_FACTS, title="Project variables"),
         ]
 
 

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database, Row
-from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
+from mcp_knecht.core.tools import Fact, Tool, ToolContext, ToolInput
 from mcp_knecht.errors import ConflictError, InvalidArgumentsError, NotFoundError
 from mcp_knecht.knecht.definitions import action_names, check_definition, resolve_inputs
 from mcp_knecht.knecht.refs import branch_head, find_project
@@ -130,6 +130,14 @@ approver sees a diff. If the workflow changes before approval, the update is ref
 overwriting the other change: read it again and propose anew. Declared `inputs` stay as they are unless \
 you pass new ones."""
 
+WORKFLOW_FACTS = {
+    "project": Fact(str, "the workflow's project (slug), however the call named it"),
+    "workflow": Fact(str, "the workflow's name, however the call named it (id or name)"),
+    "workflow_id": Fact(int, "the workflow's id"),
+}
+"""What policy rules on dispatch_workflow and update_workflow may test besides the arguments: the
+workflow and project by name, so `workflow = "deploy"` also holds for a call that gave its id."""
+
 # --- Tools ---------------------------------------------------------------------------------------
 
 
@@ -213,6 +221,12 @@ class WorkflowTools:
             inputs=args.declared_inputs(), actor=ctx.actor.subject,
         )
 
+    async def facts(self, args: DispatchWorkflowInput | UpdateWorkflowInput, ctx: ToolContext) -> dict[str, Any]:
+        """What policy rules on dispatch_workflow and update_workflow see (WORKFLOW_FACTS)."""
+        workflow = await find_workflow(self.db, args.workflow, args.project)
+        project = await find_project(self.db, workflow["project_id"])
+        return {"project": project["slug"], "workflow": workflow["name"], "workflow_id": workflow["id"]}
+
     def tools(self) -> list[Tool]:
         return [
             Tool(name="list_workflows", description=LIST_WORKFLOWS, scope="workflows:read",
@@ -222,12 +236,12 @@ class WorkflowTools:
             Tool(name="dispatch_workflow", description=DISPATCH_WORKFLOW, scope="workflows:write",
                  input_model=DispatchWorkflowInput, handler=self.dispatch, effect="write",
                  preview=self.preview_dispatch, freeze=self.freeze_dispatch,
-                 frozen_fields=("commit_sha", "workflow_version"),
+                 frozen_fields=("commit_sha", "workflow_version"), facts=self.facts, fact_fields=WORKFLOW_FACTS,
                  title="Start a workflow"),
             Tool(name="update_workflow", description=UPDATE_WORKFLOW, scope="workflows:write",
                  input_model=UpdateWorkflowInput, handler=self.update, effect="write",
                  preview=self.preview_update, freeze=self.freeze_update, frozen_fields=("base_version",),
-                 title="Change a workflow definition"),
+                 facts=self.facts, fact_fields=WORKFLOW_FACTS, title="Change a workflow definition"),
         ]
 
 

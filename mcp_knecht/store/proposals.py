@@ -18,8 +18,9 @@ from typing import Any
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.database import Database, Row, exact_matches
-from mcp_knecht.core.proposals import NewProposal, Proposal
+from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, QuorumOutcome
 from mcp_knecht.store.audit_log import AuditChain
+from mcp_knecht.store.quorum import add_approval, approvals_of
 
 _SELECT = "SELECT * FROM proposals"
 
@@ -41,6 +42,7 @@ def _proposal(row: Row, now: str) -> Proposal:
         started_at=row["started_at"], finished_at=row["finished_at"],
         result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
         arguments_shown=row.get("arguments_shown"), seal=row.get("seal"),
+        approvers=int(row.get("approvers") or 1), policy_reason=row.get("policy_reason"),
     )
 
 
@@ -76,13 +78,15 @@ class SqlProposalRepository:
             row = await tx.fetch_one(
                 "INSERT INTO proposals (tool, action, arguments_json, arguments_hash, arguments_shown,"
                 " proposer_subject, proposer_client, proposer_scopes, rule, preview_json, status, created_at,"
-                " expires_at, seal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) RETURNING id",
+                " expires_at, seal, approvers, policy_reason)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?) RETURNING id",
                 (
                     proposal.tool, proposal.action, proposal.arguments_json, arguments_hash,
                     proposal.arguments_shown, subject, proposal.proposer.client,
                     " ".join(sorted(proposal.proposer.scopes)), proposal.rule,
                     json.dumps(proposal.preview, ensure_ascii=False) if proposal.preview is not None else None,
-                    proposal.created_at, proposal.expires_at, proposal.seal,
+                    proposal.created_at, proposal.expires_at, proposal.seal, proposal.approvers,
+                    proposal.policy_reason,
                 ),
             )
             assert row is not None
@@ -92,7 +96,11 @@ class SqlProposalRepository:
 
     async def get(self, proposal_id: int) -> Proposal | None:
         row = await self._db.fetch_one(f"{_SELECT} WHERE id = ?", (proposal_id,))
-        return _proposal(row, clock.timestamp()) if row else None
+        return (await self._with_approvals([_proposal(row, clock.timestamp())]))[0] if row else None
+
+    async def _with_approvals(self, proposals: builtins.list[Proposal]) -> builtins.list[Proposal]:
+        found = await approvals_of(self._db, [p.id for p in proposals]) if proposals else {}
+        return [replace(p, approvals=found[p.id]) if found.get(p.id) else p for p in proposals]
 
     async def list(self, *, status: str | None = None, subject: str | None = None, limit: int = 100,
                    after_id: int = 0, before_id: int | None = None,
@@ -109,11 +117,12 @@ class SqlProposalRepository:
             f"{_SELECT} WHERE {' AND '.join(conditions)} ORDER BY id {order} LIMIT ?",
             (after_id, *params, *subject_params, limit),
         )
-        return [_proposal(row, now) for row in rows]
+        return await self._with_approvals([_proposal(row, now) for row in rows])
 
-    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None) -> bool:
+    async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
+                      durable: bool = True) -> bool:
         """One conditional UPDATE; its audit row commits with it, and only if it changed a row."""
-        async with self._db.transaction(durable=True) as tx:
+        async with self._db.transaction(durable=durable) as tx:
             if await tx.execute(sql, params) != 1:
                 return False
             if audit is not None:
@@ -130,12 +139,11 @@ class SqlProposalRepository:
             await self._chain.append(tx, [audit(p) for p in sorted(expired, key=lambda p: p.id)])
         return expired
 
-    async def claim(self, proposal_id: int, operator: str, now: str, audit: AuditEntry) -> bool:
-        return await self._update(
-            "UPDATE proposals SET status = 'approved', decided_by = ?, decided_at = ?"
-            " WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?",
-            (operator, now, proposal_id, now, operator), audit,
-        )
+    async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
+                           counts: Callable[[Approval], bool],
+                           audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
+        return await add_approval(self._db, self._chain, proposal_id, approval, required=required, counts=counts,
+                                  audit=audit)
 
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(
@@ -144,18 +152,14 @@ class SqlProposalRepository:
             (operator, now, reason, proposal_id, now), audit,
         )
 
-    async def start_execution(self, proposal_id: int, now: str) -> bool:
-        return await self._update(
-            "UPDATE proposals SET status = 'executing', started_at = ? WHERE id = ? AND status = 'approved'",
-            (now, proposal_id), None,
-        )
-
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
                      error: str | None, now: str, audit: AuditEntry) -> bool:
+        # Not `durable`: the claim already is. A power loss that takes this commit leaves the proposal
+        # `executing` ("outcome unknown"): never run again, settled by a person.
         return await self._update(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
-            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit,
+            ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit, durable=False,
         )
 
     async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
@@ -167,7 +171,7 @@ class SqlProposalRepository:
                 " OR (status = 'pending' AND expires_at <= ?)) ORDER BY id LIMIT ?) RETURNING *",
                 (now, subject, now, limit),
             )
-        return sorted((_proposal(row, now) for row in rows), key=lambda p: p.id)
+        return await self._with_approvals(sorted((_proposal(row, now) for row in rows), key=lambda p: p.id))
 
     async def mark_seen(self, proposal_id: int) -> None:
         async with self._db.transaction() as tx:

@@ -15,7 +15,7 @@ from mcp_knecht import __version__
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate, GateResult
-from mcp_knecht.core.policy import Policy
+from mcp_knecht.core.policy_text import policy_note
 from mcp_knecht.core.prompts import Prompt
 from mcp_knecht.core.tools import MCP, Tool
 from mcp_knecht.errors import KnechtError
@@ -24,37 +24,6 @@ from mcp_knecht.transports.proposal_feed import ProposalFeed
 logger = logging.getLogger(__name__)
 
 ActorResolver = Callable[[ServerRequestContext[Any]], Actor | None]
-
-
-_STAGED = ("submits a proposal for human approval and returns 'Submitted for approval (#ID)' immediately; "
-           "it does not run until an operator approves it.")
-
-
-def _names(actions: list[str]) -> str:
-    return actions[0] if len(actions) == 1 else ", ".join(actions[:-1]) + " and " + actions[-1]
-
-
-def policy_note(tool: Tool, policy: Policy) -> str:
-    """What the policy does to calls of `tool`, for the model: which actions are staged, which run at
-    once, which are denied — exactly, per action."""
-    if not tool.actions:
-        return f"This tool is staged: calling it {_STAGED}" if policy.decide(tool, None).mode == "approve" else ""
-    modes: dict[str, list[str]] = {"auto": [], "approve": [], "deny": []}
-    for action in tool.actions:
-        modes[policy.decide(tool, action).mode].append(action)
-    if not modes["approve"]:
-        notes = []
-    elif not modes["auto"] and not modes["deny"]:
-        notes = [f"This tool is staged (every action): calling it {_STAGED}"]
-    else:
-        plural = len(modes["approve"]) > 1
-        notes = [f"Action{'s' if plural else ''} {_names(modes['approve'])} {'are' if plural else 'is'} staged: "
-                 f"such a call {_STAGED}"]
-        if modes["auto"]:
-            notes.append(f"{_names(modes['auto'])} run{'s' if len(modes['auto']) == 1 else ''} at once.")
-    if modes["deny"]:
-        notes.append(f"{_names(modes['deny'])} {'is' if len(modes['deny']) == 1 else 'are'} denied by policy.")
-    return " ".join(notes)
 
 
 def _mcp_tool(tool: Tool, note: str) -> types.Tool:
@@ -121,7 +90,7 @@ def build_mcp_server(
         if actor is None:
             return types.ListToolsResult(tools=[])
         policy = gate.policy()
-        tools = [_mcp_tool(tool, policy_note(tool, policy)) for tool in gate.visible_tools(actor)]
+        tools = [_mcp_tool(tool, policy_note(tool, policy, actor)) for tool in gate.visible_tools(actor)]
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(

@@ -1,0 +1,304 @@
+"""The two-person rule: a proposal whose rule asks for `approvers = N` runs only after N distinct
+operators (none of them the proposer) approved it — exactly once, however many race for it, on
+SQLite and on PostgreSQL, across processes and replicas; one operator rejecting is enough."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_knecht.app import open_app
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.audit import AuditEntry
+from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.keys import ServerKeys
+from mcp_knecht.core.proposals import Approval, NewProposal, person, seal_text
+from mcp_knecht.core.settings import load_settings
+from mcp_knecht.store import Database, open_database
+from mcp_knecht.store.audit_log import AuditChain, verify_chain
+from mcp_knecht.store.proposals import SqlProposalRepository
+from tests.conftest import REPO, server_env
+from tests.servers import http_server
+from tests.staging import AGENT, acli
+from tests.test_decision_api import _as, _token
+from tests.test_replicas import _effects, shared_env  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.anyio
+
+QUORUM = """
+[[rules]]
+tool = "record_effect"
+when = { label = "two-*" }
+decision = "approve"
+approvers = 2
+reason = "two people"
+
+[[rules]]
+tool = "record_effect"
+when = { label = "three-*" }
+decision = "approve"
+approvers = 3
+reason = "three people"
+"""
+
+
+@pytest.fixture
+def quorum_env(shared_env: dict[str, str]) -> dict[str, str]:  # noqa: F811
+    Path(shared_env["KNECHT_CONFIG_DIR"], "policies.toml").write_text(QUORUM, encoding="utf-8")
+    return shared_env
+
+
+async def _stage(env: dict[str, str], *labels: str, subject: str = "dev-agent") -> list[int]:
+    async with open_app(load_settings(env=env), watch_policy=False) as app:
+        agent = Actor(subject, "pytest", frozenset(AGENT))
+        ids = []
+        for label in labels:
+            staged = await app.gate.call_tool(agent, "record_effect", {"label": label})
+            assert staged.outcome == "staged", staged.text
+            ids.append(int(staged.data["id"]))  # type: ignore[index]
+    return ids
+
+
+# --- the store: the approval that completes the quorum claims, exactly once -----------------------
+
+CHAIN = AuditChain(ServerKeys(b"test-server-key-" * 4))
+
+
+def _entry(outcome: str, subject: str) -> AuditEntry:
+    return AuditEntry(source="approval", subject=subject, client="pytest", tool="t", outcome=outcome)  # type: ignore[arg-type]
+
+
+async def _create(repo: SqlProposalRepository, n: int, approvers: int) -> int:
+    now = timestamp()
+    proposal = NewProposal(tool="t", action=None, arguments_json=f'{{"n":{n}}}', arguments_hash=f"h{n}",
+                           arguments_shown=f'{{"n":{n}}}', proposer=Actor("alice", "c", frozenset()), rule="r",
+                           preview=None, created_at=now, expires_at="9999-12-31T00:00:00.000000Z", seal="s",
+                           approvers=approvers, policy_reason="two people")
+    proposal_id, created = await repo.create(proposal, _entry("staged", "alice"))
+    assert created
+    return proposal_id
+
+
+async def test_eight_racing_operators_complete_each_quorum_exactly_once(database_url: str) -> None:
+    db = await open_database(database_url)
+    stores: list[Database] = [db, *[await open_database(db.url) for _ in range(3)]]
+    repos = [SqlProposalRepository(s, CHAIN) for s in stores]
+    ids = [await _create(repos[0], n, approvers=3) for n in range(30)]
+    outcomes: dict[int, list[tuple[str, str]]] = {i: [] for i in ids}
+
+    async def operator(repo: SqlProposalRepository, name: str) -> None:
+        for proposal_id in random.sample(ids, len(ids)):
+            approval = Approval(name, person(name), timestamp(), "sealed")
+            outcome = await repo.add_approval(
+                proposal_id, approval, required=3, counts=lambda a: True,
+                audit=lambda counted, completes: _entry("approved" if completes else "approval_recorded", name))
+            outcomes[proposal_id].append((outcome, name))
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for n in range(8):
+                tasks.start_soon(operator, repos[n % len(repos)], f"op-{n}")
+        for proposal_id, seen in outcomes.items():
+            kinds = sorted(kind for kind, _ in seen)
+            assert kinds == ["claimed", *["not_pending"] * 5, "recorded", "recorded"], (proposal_id, seen)
+            proposal = await repos[0].get(proposal_id)
+            assert proposal is not None and proposal.status == "executing"  # approved and started in one commit
+            assert len(proposal.approvals) == 3 and proposal.quorum.startswith("3 of 3 approvals (op-")
+            [claimer] = [name for kind, name in seen if kind == "claimed"]
+            assert proposal.decided_by == claimer == proposal.approvals[-1].operator
+        counts = await db.fetch_all("SELECT outcome, COUNT(*) AS n FROM audit_log GROUP BY outcome ORDER BY outcome")
+        assert counts == [{"outcome": "approval_recorded", "n": 60}, {"outcome": "approved", "n": 30},
+                          {"outcome": "staged", "n": 30}]
+        assert await verify_chain(db, CHAIN) == []
+        # One approval per person: the same operator again is a duplicate, not a second vote.
+        extra = await _create(repos[0], 99, approvers=2)
+        first = Approval("op-0", person("op-0"), timestamp(), "sealed")
+        again = Approval("OP-0 ", person("OP-0 "), timestamp(), "sealed")
+        audit = lambda counted, completes: _entry("approval_recorded", "op-0")  # noqa: E731
+        assert await repos[1].add_approval(extra, first, required=2, counts=lambda a: True, audit=audit) == "recorded"
+        assert await repos[2].add_approval(extra, again, required=2, counts=lambda a: True, audit=audit) == "duplicate"
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_eight_approver_processes_run_each_proposal_once_after_n_distinct_approvals(
+    quorum_env: dict[str, str],
+) -> None:
+    ids = await _stage(quorum_env, *(f"three-{n}" for n in range(25)))
+    workers = [
+        await anyio.open_process(
+            [sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(ids[0]), str(ids[-1])],
+            env=server_env(quorum_env), cwd=REPO,
+        )
+        for i in range(8)
+    ]
+    reports = []
+    with anyio.fail_after(300):
+        for worker in workers:
+            await worker.wait()
+            assert worker.returncode == 0, (await worker.stderr.receive()).decode()  # type: ignore[union-attr]
+            reports.append(json.loads((await worker.stdout.receive()).decode()))  # type: ignore[union-attr]
+            await worker.aclose()
+    assert sum(r["won"] for r in reports) == 25 and sum(r["recorded"] for r in reports) == 50
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {f"three-{n}": 1 for n in range(25)}
+    db = await open_database(quorum_env["KNECHT_DATABASE_URL"], migrate=False)
+    try:
+        per_proposal = await db.fetch_all(
+            "SELECT proposal_id, COUNT(DISTINCT person) AS n FROM proposal_approvals GROUP BY proposal_id")
+        assert sorted(r["proposal_id"] for r in per_proposal) == ids and {r["n"] for r in per_proposal} == {3}
+        trail = await db.fetch_all(
+            "SELECT outcome, COUNT(*) AS n FROM audit_log WHERE source = 'approval' GROUP BY outcome ORDER BY outcome")
+        assert trail == [{"outcome": "approval_recorded", "n": 50}, {"outcome": "approved", "n": 25},
+                         {"outcome": "executed", "n": 25}]
+    finally:
+        await db.close()
+    verified = await acli("mcp-knecht", quorum_env, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+# --- what operators see and do ---------------------------------------------------------------------
+
+
+async def test_two_operators_decide_and_knecht_approve_says_how_far_the_quorum_is(
+    quorum_env: dict[str, str],
+) -> None:
+    [proposal_id, other_id] = await _stage(quorum_env, "two-deploy", "two-other")
+    shown = await acli("knecht-approve", quorum_env, "show", str(proposal_id))
+    assert "approvals   0 of 2 approvals" in shown.stdout and "why staged  two people" in shown.stdout
+
+    bob = await acli("knecht-approve", quorum_env, "approve", str(proposal_id), "--as", "bob")
+    assert bob.returncode == 0, bob.stderr
+    assert bob.stdout.strip() == (f"Recorded your approval of #{proposal_id} (record_effect): 1 of 2 approvals "
+                                  "(local:bob); 1 more operator must approve before it runs.")
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}
+    listed = await acli("knecht-approve", quorum_env, "list")
+    assert "1 of 2 approvals (local:bob)" in listed.stdout and "APPROVALS" in listed.stdout
+    [entry] = [e for e in json.loads((await acli("knecht-approve", quorum_env, "list", "--json")).stdout)
+               if e["id"] == proposal_id]
+    assert entry["quorum"] == "1 of 2 approvals (local:bob)" and entry["approvers"] == 2
+    assert [a["operator"] for a in entry["approvals"]] == ["local:bob"] and entry["policy_reason"] == "two people"
+    assert "1 of 2 approvals (local:bob)" in (await acli("knecht-approve", quorum_env, "show",
+                                                         str(proposal_id))).stdout
+
+    twice = await acli("knecht-approve", quorum_env, "approve", str(proposal_id), "--as", " BOB")
+    assert twice.returncode == 1 and "You approved proposal" in twice.stderr and "already" in twice.stderr
+    own = await acli("knecht-approve", quorum_env, "approve", str(proposal_id), "--as", "dev-agent")
+    assert own.returncode == 1 and "another operator must approve" in own.stderr
+
+    carol = await acli("knecht-approve", quorum_env, "approve", str(proposal_id), "--as", "carol", "--json")
+    assert carol.returncode == 0, carol.stderr
+    done = json.loads(carol.stdout)
+    assert done["status"] == "succeeded" and done["decided_by"] == "local:carol"
+    assert done["quorum"] == "2 of 2 approvals (local:bob, local:carol)"
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"two-deploy": 1}
+
+    # Rejecting needs one operator, even after an approval.
+    assert (await acli("knecht-approve", quorum_env, "approve", str(other_id), "--as", "bob")).returncode == 0
+    rejected = await acli("knecht-approve", quorum_env, "reject", str(other_id), "--as", "erin", "--reason", "no")
+    assert rejected.returncode == 0 and "Rejected" in rejected.stdout
+    late = await acli("knecht-approve", quorum_env, "approve", str(other_id), "--as", "carol")
+    assert late.returncode == 1 and "not pending any more" in late.stderr
+
+    db = await open_database(quorum_env["KNECHT_DATABASE_URL"], migrate=False)
+    try:
+        trail = await db.fetch_all("SELECT subject, outcome, detail FROM audit_log WHERE proposal_id = ? ORDER BY id",
+                                   (proposal_id,))
+    finally:
+        await db.close()
+    assert [(r["subject"], r["outcome"]) for r in trail] == [
+        ("dev-agent", "staged"), ("local:bob", "approval_recorded"), ("local:carol", "approved"),
+        ("local:carol", "executed")]
+    assert json.loads(trail[2]["detail"])["approvals"] == ["local:bob", "local:carol"]
+
+
+@pytest.fixture
+def server(quorum_env: dict[str, str]) -> Iterator[str]:
+    with http_server(quorum_env) as base:
+        yield base
+
+
+@pytest.mark.slow
+async def test_the_decision_api_and_knecht_approve_server_report_the_quorum(
+    server: str, quorum_env: dict[str, str]
+) -> None:
+    import httpx
+
+    [proposal_id] = await _stage(quorum_env, "two-api")
+    async with httpx.AsyncClient(base_url=server, timeout=60) as http:
+        first = await http.post(f"/api/proposals/{proposal_id}/approve", headers=_as(quorum_env, "alice"))
+        assert first.status_code == 200, first.text
+        assert first.json()["status"] == "pending" and first.json()["quorum"] == "1 of 2 approvals (alice)"
+        again = await http.post(f"/api/proposals/{proposal_id}/approve", headers=_as(quorum_env, "Alice"))
+        assert again.status_code == 409 and again.json()["error"]["code"] == "already_approved"
+
+    remote = {**quorum_env, "KNECHT_SERVER_URL": server, "KNECHT_OPERATOR_TOKEN": _token(quorum_env, "bob")}
+    direct = {**quorum_env, "KNECHT_OPERATOR_TOKEN": _token(quorum_env, "bob")}
+    for command in (["list"], ["list", "--json"], ["show", str(proposal_id)], ["show", str(proposal_id), "--json"]):
+        over_api, on_db = await acli("knecht-approve", remote, *command), await acli("knecht-approve", direct, *command)
+        assert over_api.returncode == on_db.returncode == 0, over_api.stderr + on_db.stderr
+        assert over_api.stdout == on_db.stdout and "1 of 2 approvals (alice)" in over_api.stdout
+    approved = await acli("knecht-approve", remote, "approve", str(proposal_id))
+    assert approved.returncode == 0 and "succeeded" in approved.stdout, approved.stderr
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"two-api": 1}
+
+
+# --- the quorum is sealed ------------------------------------------------------------------------------
+
+
+async def test_a_lowered_quorum_or_a_forged_approval_fails_the_seal(quorum_env: dict[str, str]) -> None:
+    [lowered, forged] = await _stage(quorum_env, "two-lowered", "two-forged")
+    db = await open_database(quorum_env["KNECHT_DATABASE_URL"], migrate=False)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute("UPDATE proposals SET approvers = 1, policy_reason = NULL WHERE id = ?", (lowered,))
+            await tx.execute("INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
+                             " VALUES (?, 'mallory', 'mallory', ?, 'x')", (forged, timestamp()))
+    finally:
+        await db.close()
+    for proposal_id in (lowered, forged):
+        refused = await acli("knecht-approve", quorum_env, "approve", str(proposal_id), "--as", "bob")
+        assert refused.returncode == 1 and "fails its seal" in refused.stderr
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}
+
+
+def test_one_approver_and_no_reason_seal_exactly_as_before_quorums() -> None:
+    before = dict(tool="t", action=None, arguments_json="{}", arguments_hash="h", arguments_shown="{}",
+                  subject="s", client="c", scopes=["a"], rule="r", created_at="1", expires_at="2")
+    assert seal_text(**before) == '["t",null,"{}","h","{}","s","c",["a"],"r","1","2"]'  # type: ignore[arg-type]
+    assert seal_text(**before, approvers=2) != seal_text(**before)  # type: ignore[arg-type]
+    assert seal_text(**before, policy_reason="why") != seal_text(**before)  # type: ignore[arg-type]
+
+
+# --- the web page ----------------------------------------------------------------------------------------
+
+
+async def test_the_web_page_shows_the_quorum_and_takes_one_approval_per_operator(
+    demo_env: dict[str, str], token_settings: Any
+) -> None:
+    from mcp_knecht.core.auth import TokenVerifier
+    from tests.web_support import OPERATOR, ORIGIN, csrf, field, pages, sign_in, stage
+
+    Path(demo_env["KNECHT_CONFIG_DIR"], "policies.toml").write_text(
+        '[[rules]]\ntool = "rerun_run"\ndecision = "approve"\napprovers = 2\nreason = "two people"\n')
+    async with open_app(load_settings(env=demo_env), watch_policy=False) as app:
+        proposal_id = await stage(app, "rerun_run", {"run_id": 11})
+        for operator, expected, status in (("alice", "1 of 2 approvals (alice)", "pending"),
+                                           ("bob", "2 of 2 approvals (alice, bob)", "succeeded")):
+            async with pages(app, TokenVerifier(token_settings)) as browser:
+                await sign_in(browser, app, operator, OPERATOR)
+                page = (await browser.get(f"/proposals/{proposal_id}")).text
+                assert "approvals" in page and "two people" in page
+                done = await browser.post(f"/proposals/{proposal_id}", headers={"Origin": ORIGIN}, data={
+                    "csrf_token": csrf(page), "decision": "approve", "expect_hash": field(page, "expect_hash")})
+                assert done.status_code == 303, done.text
+                assert expected in (await browser.get(f"/proposals/{proposal_id}")).text
+            decided = await app.proposals.get(proposal_id)
+            assert decided is not None and decided.status == status
