@@ -12,6 +12,7 @@ import anyio
 
 from mcp_knecht.ai.runtime import AI_MIGRATIONS, AiRuntime
 from mcp_knecht.ai.settings import load_ai_settings
+from mcp_knecht.chat import ChatService
 from mcp_knecht.core.approval import ApprovalService
 from mcp_knecht.core.audit import Observer
 from mcp_knecht.core.changes import ChangeFeed
@@ -64,6 +65,8 @@ class App:
     approvals: ApprovalService
     ai: AiRuntime
     """AI features over this gate (issue 14): model roles, the loop, the failure diagnosis."""
+    chat: ChatService
+    """The chat (issue 15): owned conversations over the gate, and the follow-up after each decision."""
 
     @property
     def instructions(self) -> str:
@@ -130,8 +133,10 @@ async def assemble(
     ai = AiRuntime.create(ai_settings, gate=gate, db=db, secrets=secrets)
     if ai.serves_diagnosis:  # the AI layer's tables, where there are runs to diagnose
         await apply_migrations(db, AI_MIGRATIONS)
+    chat = ChatService(db=db, gate=gate, audit=audit, proposals=proposals, changes=changes, models=ai.models,
+                       scrub=secrets, timeout=ai_settings.timeout)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys), ai)
+               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys), ai, chat)
 
 
 EXPIRY_SWEEP_SECONDS = 30.0
@@ -170,6 +175,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.start_soon(app.watcher.run)
                 tasks.start_soon(_expire_proposals, app)
                 tasks.start_soon(app.ai.run)  # on-demand diagnoses; the worker when a model is set
+                tasks.start_soon(app.chat.followups.run)  # the chat's follow-ups, when a model is set
             if notifications is not None:
                 tasks.start_soon(notifications)
             try:

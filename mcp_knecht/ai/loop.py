@@ -21,21 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic
 
-import anyio
 from pydantic import BaseModel, ValidationError
-from pydantic_ai.direct import model_request
-from pydantic_ai.exceptions import (
-    AgentRunError,
-    ModelAPIError,
-    UnexpectedModelBehavior,
-    UserError,
-)
 from pydantic_ai.messages import (
     InstructionPart,
-    ModelMessage,
     ModelRequest,
     ModelResponse,
-    TextPart,
     ToolCallPart,
     ToolReturnPart,
     UserPromptPart,
@@ -43,8 +33,9 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.tools import ToolDefinition
 
-from mcp_knecht.ai.errors import FeatureOutputError, ModelCallError
-from mcp_knecht.ai.feature import Feature, FeatureResult, Output, ToolCallRecord, Usage
+from mcp_knecht.ai.errors import FeatureOutputError
+from mcp_knecht.ai.feature import Feature, FeatureResult, Output
+from mcp_knecht.ai.session import ModelSession, deadline, response_text, tool_definitions
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.gate import Gate
 
@@ -57,11 +48,7 @@ _LAST_STEP = "This is your last step: no more tools. Answer now by calling final
 def _tool_definitions(gate: Gate, feature: Feature[Any], actor: Actor) -> list[ToolDefinition]:
     """The feature's tools that this actor may see, described as for an MCP client."""
     visible = {tool.name: tool for tool in gate.visible_tools(actor)}
-    return [
-        ToolDefinition(name=name, description=visible[name].description,
-                       parameters_json_schema=visible[name].input_schema)
-        for name in feature.tools if name in visible
-    ]
+    return tool_definitions(visible[name] for name in feature.tools if name in visible)
 
 
 _SCHEMAS: dict[type[BaseModel], dict[str, Any]] = {}
@@ -81,33 +68,22 @@ def _output_definition(feature: Feature[Any]) -> ToolDefinition:
     )
 
 
-def _cost(response: ModelResponse) -> float | None:
-    try:
-        return float(response.cost().total_price)
-    except Exception:  # prices are unknown for many models (local ones, gateways)
-        return None
-
-
 def _text_answer(response: ModelResponse) -> str | None:
-    text = "".join(part.content for part in response.parts if isinstance(part, TextPart)).strip()
+    text = response_text(response)
     if text.startswith("```"):
         text = text.strip("`").removeprefix("json").strip()
     return text or None
 
 
-class _Run(Generic[Output]):
+class _Run(ModelSession, Generic[Output]):
     """One feature run: the conversation, the usage, and the calls made so far."""
 
     def __init__(self, feature: Feature[Output], prompt: str, actor: Actor, *, gate: Gate, model: Model,
                  model_name: str, settings: dict[str, Any], timeout: float, scrub: Callable[[str], str]) -> None:
-        self.feature, self.actor, self.gate, self.model = feature, actor, gate, model
-        self.model_name, self.timeout, self.scrub = model_name, timeout, scrub
-        self.settings = {"timeout": timeout, **settings}
-        self.messages: list[ModelMessage] = [
-            ModelRequest(parts=[UserPromptPart(prompt)], instructions=feature.instructions)
-        ]
-        self.usage = Usage()
-        self.calls: list[ToolCallRecord] = []
+        super().__init__(actor, gate=gate, model=model, model_name=model_name, settings=settings, timeout=timeout,
+                         scrub=scrub, source=feature.source, allowed=feature.tools)
+        self.feature = feature
+        self.messages.append(ModelRequest(parts=[UserPromptPart(prompt)], instructions=feature.instructions))
         # Built once per run: with the feature's tools, and with none (the last step, the repair).
         output, instructions = [_output_definition(feature)], [InstructionPart(content=feature.instructions)]
         self.with_tools, self.answer_only = (
@@ -115,18 +91,6 @@ class _Run(Generic[Output]):
                                    allow_text_output=False, instruction_parts=instructions)
             for tools in (_tool_definitions(gate, feature, actor), [])
         )
-
-    async def request(self, params: ModelRequestParameters) -> ModelResponse:
-        """One model request; its time is bounded by the SDK's HTTP timeout (`timeout` in the settings,
-        per attempt) and by the run's deadline (see `run_feature`)."""
-        try:
-            response = await model_request(self.model, self.messages, model_settings=self.settings,  # type: ignore[arg-type]
-                                           model_request_parameters=params)
-        except (ModelAPIError, UnexpectedModelBehavior, AgentRunError, UserError) as exc:
-            raise ModelCallError(f"The model {self.model_name} failed: {self.scrub(str(exc))[:500]}") from exc
-        self.messages.append(response)
-        self.usage = self.usage.plus(response.usage.input_tokens, response.usage.output_tokens, _cost(response))
-        return response
 
     def answer(self, response: ModelResponse) -> tuple[Output | None, Feedback | None]:
         """The validated answer in `response`, or what to tell the model about a broken one (or neither)."""
@@ -155,29 +119,13 @@ class _Run(Generic[Output]):
                                         tool_call_id=call.tool_call_id, outcome="retried")
 
     async def run_tools(self, step: int, calls: list[ToolCallPart], *, allowed: bool) -> None:
-        parts: list[ToolReturnPart] = []
-        for call in calls:
-            if not allowed:
-                self.calls.append(ToolCallRecord(step, call.tool_name, "skipped"))
-                parts.append(ToolReturnPart(call.tool_name, _LAST_STEP, tool_call_id=call.tool_call_id))
-                continue
-            try:
-                arguments: object = call.args_as_dict()
-            except ValueError:  # not JSON: the gate reports it as invalid arguments
-                arguments = call.args
-            result = await self.gate.call_tool(self.actor, call.tool_name, arguments, source=self.feature.source,
-                                               allowed=self.feature.tools)
-            self.calls.append(ToolCallRecord(step, call.tool_name, result.outcome))
-            # The gate scrubs what a tool returns, as for MCP clients; its refusals may quote arguments.
-            shown = self.scrub(result.text) if result.is_error else result.text
-            parts.append(ToolReturnPart(call.tool_name, shown, tool_call_id=call.tool_call_id))
+        parts = [(await self.call_tool(step, call))[1] if allowed else self.skip(step, call, _LAST_STEP)
+                 for call in calls]
         self.messages.append(ModelRequest(parts=parts))
 
     def reply(self, step: int, problem: Feedback, unanswered: list[ToolCallPart]) -> None:
         """Tell the model what was wrong with its answer; calls made beside it are not run."""
-        skipped = [ToolReturnPart(call.tool_name, "Not run: answer first.", tool_call_id=call.tool_call_id)
-                   for call in unanswered]
-        self.calls += [ToolCallRecord(step, call.tool_name, "skipped") for call in unanswered]
+        skipped = [self.skip(step, call, "Not run: answer first.") for call in unanswered]
         self.messages.append(ModelRequest(parts=[*skipped, problem]))
 
     def result(self, output: Output, steps: int) -> FeatureResult[Output]:
@@ -200,15 +148,9 @@ async def run_feature(
 
     Every model call is bounded: by `timeout` per HTTP attempt (the provider SDK's), and all of them
     together by a deadline of `timeout` per request the run may make (its steps and the repair)."""
-    budget = timeout * (feature.max_steps + 1)
-    try:
-        with anyio.fail_after(budget):
-            return await _run_feature(feature, prompt, actor, gate=gate, model=model, model_name=model_name,
-                                      settings=settings, timeout=timeout, scrub=scrub)
-    except TimeoutError as exc:
-        name = model_name or model.model_name
-        raise ModelCallError(f"The model {name} did not answer within {timeout:g} s a request "
-                             f"({budget:g} s for the run).") from exc
+    with deadline(model_name or model.model_name, timeout, feature.max_steps + 1):
+        return await _run_feature(feature, prompt, actor, gate=gate, model=model, model_name=model_name,
+                                  settings=settings, timeout=timeout, scrub=scrub)
 
 
 async def _run_feature(

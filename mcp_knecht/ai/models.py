@@ -76,6 +76,10 @@ class ModelResolver:
         self._built: dict[str, ResolvedModel] = {}
         self._clients: list[Any] = []
 
+    def configured(self, role: Role) -> bool:
+        """A model is set for `role` (it may still lack a key: `resolve` says so)."""
+        return self._fixed is not None or self._settings.spec(role) is not None
+
     def resolve(self, role: Role) -> ResolvedModel:
         if self._fixed is not None:
             fixed = ModelSpec("test", self._fixed.model_name, "a fixed model")

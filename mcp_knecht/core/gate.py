@@ -9,7 +9,8 @@
       4. freeze       fill in what the call depends on (a commit SHA, a base version, a role)
       5. decide       otherwise here, on the arguments as frozen and the tool's facts (the branch
                       a run is on): what a rule tests is what will run, not what the model typed
-      6. act          deny → refused; approve → staged as a proposal; auto → run
+      6. act          deny → refused; approve → staged as a proposal; auto → run (a write is
+                      staged all the same for a caller that never writes itself: the chat)
       7. audit        every outcome, with the rule that decided it; then `observe` (metrics, traces,
                       log events) sees the same entry
 
@@ -182,10 +183,11 @@ class Gate:
 
     async def call_tool(
         self, actor: Actor, name: str, arguments: object, *, source: Source = MCP,
-        allowed: Collection[str] | None = None,
+        allowed: Collection[str] | None = None, stage_writes: bool = False,
     ) -> GateResult:
         """`allowed`: a caller's own allowlist (an AI feature's tools); a name outside it is refused
-        exactly like an unknown tool, and audited."""
+        exactly like an unknown tool, and audited. `stage_writes`: a write the policy would run at
+        once is staged instead (the chat: a model never writes by itself); a deny still denies."""
         started = time.perf_counter()
         if not self._audit.accepting():
             busy = StoreBusyError("The store is busy and the audit log is waiting to write; nothing ran. "
@@ -220,6 +222,8 @@ class Gate:
             decision = decided
             if decision.mode == "deny":
                 return self._finish(actor, source, started, _denied(tool, action, decision), name, action, decision)
+        if stage_writes:
+            decision = _staged_if_write(tool, action, decision)
         if decision.mode == "approve":
             result, call, recorded = await self._stage(actor, tool, action, frozen, decision, source, started, keep)
             return self._finish(actor, source, started, result, name, action, decision, call=call, recorded=recorded)
@@ -399,6 +403,13 @@ class Gate:
             detail=detail,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+
+def _staged_if_write(tool: Tool, action: str | None, decision: Decision) -> Decision:
+    """A write the policy runs at once, staged all the same (and the rule says why)."""
+    if decision.mode != "auto" or tool.effect_of(action) != "write":
+        return decision
+    return replace(decision, mode="approve", rule=f"{decision.rule}; staged: this caller never writes by itself")
 
 
 def _follow_up(proposal: dict[str, Any]) -> str:

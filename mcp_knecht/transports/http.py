@@ -38,6 +38,7 @@ from mcp_knecht.core.auth import TokenVerifier
 from mcp_knecht.core.validation import label
 from mcp_knecht.errors import AuthError, ConfigError
 from mcp_knecht.transports.ai_routes import ai_routes
+from mcp_knecht.transports.chat_api import chat_routes
 from mcp_knecht.transports.decisions_api import DecisionApi
 from mcp_knecht.transports.http_auth import ExplainUnauthorized, note_refusal, protected_resource_metadata, token_hint
 from mcp_knecht.transports.mcp_server import server_for_app
@@ -185,6 +186,7 @@ def build_http_app(
             Route("/healthz", health, methods=["GET"]),
             *DecisionApi(app, verifier).routes(),
             *ai_routes(app, verifier),
+            *chat_routes(app, verifier),
             metrics_route(metrics, app.settings.metrics_token, sessions_open=lambda: _sessions_open(server)),
             *web_routes(app, verifier, public_url=public_url),  # the web page for people
         ],

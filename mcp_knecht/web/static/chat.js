@@ -70,11 +70,12 @@
     }
 
     function add(role, text) {
+      // "note": Knecht's follow-up after a decision on a proposal of this conversation (followUp: true).
       var item = document.createElement("li");
-      item.className = role === "user" ? "user" : "assistant";
+      item.className = role === "user" || role === "note" ? role : "assistant";
       var who = document.createElement("span");
       who.className = "visually-hidden";
-      who.textContent = role === "user" ? "You: " : "Assistant: ";
+      who.textContent = role === "user" ? "You: " : role === "note" ? "Knecht: " : "Assistant: ";
       item.appendChild(who);
       item.appendChild(document.createTextNode(text));
       log.appendChild(item);
@@ -84,7 +85,7 @@
     function render(messages) {
       if (messages.length === shown) return;
       log.textContent = "";
-      messages.forEach(function (m) { add(m.role, String(m.content || m.text || "")); });
+      messages.forEach(function (m) { add(m.followUp ? "note" : m.role, String(m.content || m.text || "")); });
       shown = messages.length;
     }
 
