@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -23,9 +24,12 @@ import anyio
 
 from mcp_knecht.core.database import Params, Row
 from mcp_knecht.core.database_url import normalise, sqlite_path
+from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
 
 BUSY_TIMEOUT_MS = 15_000
+"""How long a write waits for another process's write lock before the caller hears "store busy"."""
+_LOCK_POLL_FIRST, _LOCK_POLL_MAX = 0.0002, 0.004
 
 
 def _create_private(path: Path) -> None:
@@ -41,13 +45,13 @@ def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
     return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
 
 
-async def _connect(path: str) -> aiosqlite.Connection:
+async def _connect(path: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> aiosqlite.Connection:
     try:
         conn = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
         raise store_error("sqlite", f"Cannot open SQLite database {path}: {exc}") from exc
     conn.row_factory = _dict_row  # type: ignore[assignment]  # aiosqlite types it as a class
-    await conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    await conn.execute_fetchall(f"PRAGMA busy_timeout = {busy_timeout_ms}")
     await conn.execute_fetchall("PRAGMA foreign_keys = ON")
     # NORMAL under WAL: a commit survives a crash of the process; a power loss may lose the last
     # commits but never corrupts. A `durable` transaction (proposals, decisions) switches to FULL
@@ -109,6 +113,7 @@ class SQLiteDatabase:
         writer = await _connect(str(path))
         try:
             await writer.execute_fetchall("PRAGMA journal_mode = WAL")
+            await writer.execute_fetchall("PRAGMA busy_timeout = 0")  # `_begin` waits for the write lock itself
         except sqlite3.Error as exc:
             await writer.close()
             raise store_error("sqlite", f"{path} is not a usable SQLite database: {exc}") from exc
@@ -145,10 +150,32 @@ class SQLiteDatabase:
                     with anyio.CancelScope(shield=True):
                         await self._writer.execute("PRAGMA synchronous = NORMAL")
 
+    async def _begin(self) -> None:
+        """`BEGIN IMMEDIATE`, waiting for another process's write lock by polling every fraction of
+        a millisecond (growing to 4 ms), up to `BUSY_TIMEOUT_MS`. SQLite's own busy handler sleeps
+        in steps up to 100 ms, which leaves the lock idle while racing writers sleep."""
+        deadline = anyio.current_time() + BUSY_TIMEOUT_MS / 1000
+        pause = _LOCK_POLL_FIRST
+        while True:
+            try:
+                await self._writer.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise
+                if anyio.current_time() >= deadline:
+                    raise StoreBusyError(
+                        f"The store is busy: another process has held its write lock for {BUSY_TIMEOUT_MS / 1000:g} s."
+                        " Nothing was changed; retry in a moment.") from exc
+            await anyio.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 1.5, _LOCK_POLL_MAX)
+
     @asynccontextmanager
     async def _in_transaction(self) -> AsyncIterator[None]:
         try:
-            await self._writer.execute("BEGIN IMMEDIATE")
+            await self._begin()
+        except StoreBusyError:
+            raise
         except sqlite3.Error as exc:
             raise store_error("sqlite", f"Cannot start a write transaction: {exc}") from exc
         except BaseException:

@@ -1,0 +1,96 @@
+"""A SQLite write lock held by another process does not stop the server: reads go on, writes wait
+(and after the busy timeout fail with "store busy, retry"), audit rows wait in their buffer and
+land once the lock is free — nothing lost, one chain."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from mcp_knecht import testing
+from mcp_knecht.app import App
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.store import sqlite as sqlite_store
+from mcp_knecht.store.audit_log import verify_chain
+from tests.staging import AGENT
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def database_url(tmp_path):  # type: ignore[no-untyped-def]
+    """This file is about SQLite's own write lock."""
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@asynccontextmanager
+async def lock_held_elsewhere(path: str, seconds: float) -> AsyncIterator[threading.Event]:
+    """Another connection (as another process would) takes the write lock and keeps it. Waited for
+    off the event loop: the server's own writes must go on meanwhile."""
+    taken = threading.Event()
+
+    def hold() -> None:
+        connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        connection.execute("BEGIN IMMEDIATE")
+        taken.set()
+        time.sleep(seconds)
+        connection.execute("ROLLBACK")
+        connection.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert await anyio.to_thread.run_sync(taken.wait, 10), "the other connection did not get the write lock"
+    try:
+        yield taken
+    finally:
+        await anyio.to_thread.run_sync(thread.join, seconds + 5)
+
+
+def _path(app: App) -> str:
+    return app.settings.database_url.removeprefix("sqlite:///")
+
+
+async def test_a_held_write_lock_delays_writes_but_stops_nothing(staged_app: App) -> None:
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    started = time.perf_counter()
+    async with lock_held_elsewhere(_path(staged_app), 2.0):
+        read = await staged_app.gate.call_tool(alice, "list_projects", {})
+        read_at = time.perf_counter() - started
+        staged = await staged_app.gate.call_tool(alice, "record_effect", {"label": "after-the-lock"})
+        staged_at = time.perf_counter() - started
+    assert not read.is_error and read_at < 1.0  # reads do not wait for a writer
+    assert not staged.is_error and staged.outcome == "staged" and staged_at >= 1.5  # the write waited
+    await staged_app.audit.flush()
+    rows = await staged_app.db.fetch_all("SELECT tool, outcome FROM audit_log ORDER BY id")
+    # The staged row commits with its proposal; the read's row waited in the buffer and follows.
+    assert [(r["tool"], r["outcome"]) for r in rows] == [("record_effect", "staged"), ("list_projects", "ran")]
+    assert await verify_chain(staged_app.db, staged_app.audit.chain) == []
+
+
+async def test_past_the_busy_timeout_a_write_says_store_busy_and_the_server_goes_on(
+    staged_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    async with lock_held_elsewhere(_path(staged_app), 2.5):
+        busy = await staged_app.gate.call_tool(alice, "record_effect", {"label": "too-soon"})
+        read = await staged_app.gate.call_tool(alice, "list_projects", {})
+        await anyio.sleep(0.8)
+        assert staged_app.audit.failures >= 1  # the background writer met the busy store, and waits
+        assert not read.is_error
+    assert busy.is_error and "busy" in busy.text and "retry" in busy.text
+    async with testing.connect(staged_app, testing.actor("alice", AGENT)) as client:
+        later = await client.call_tool("record_effect", {"label": "afterwards"})
+    assert not later.is_error
+    with anyio.fail_after(10):
+        await staged_app.audit.flush()
+    outcomes = [r["outcome"] for r in await staged_app.db.fetch_all("SELECT outcome FROM audit_log ORDER BY id")]
+    assert outcomes.count("staged") == 1 and "failed" in outcomes and "ran" in outcomes  # all on record
+    assert await verify_chain(staged_app.db, staged_app.audit.chain) == []
