@@ -127,7 +127,7 @@ def test_what_the_caller_sent_is_not_masked_back_and_masked_data_is_left_alone()
 
 def test_values_that_cannot_be_sent_are_made_safe() -> None:
     masked = Scrubber().data({"lone": "a\ud800b", "nan": float("nan"), "tuple": (1, 2), 3: "int key"})
-    assert masked == {"lone": "a\ufffdb", "nan": "nan", "tuple": [1, 2], "3": "int key"}
+    assert masked == {"lone": "a\ufffdb", "nan": None, "tuple": [1, 2], "3": "int key"}
     json.dumps(masked).encode("utf-8")
 
 
@@ -138,3 +138,50 @@ def test_the_registry_swaps_its_values() -> None:
     assert registry("first-secret-value") == "first-secret-value"
     registry.add({"third-secret-value"})
     assert registry("second-secret-value third-secret-value") == f"{MASK} {MASK}"
+
+
+# --- the one-scan path: `render` gives exactly what the value-by-value walk gives -----------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mcp_knecht.core.scrub import _PAIR_START, _may_hold_pair  # noqa: E402
+
+_SECRETY = st.sampled_from([
+    "password", "passwd", "PWD", "secret", "Token", "api_key", "api-key", "apikey", "Access_Key",
+    "private-key", "credential", "key", "keys", "monkey", "pass", "=", ":", " ", '"', "'", "\\", "\n", "\t",
+    "AKIAIOSFODNN7EXAMPLE", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "eyJhbGciOi.eyJzdWIiOi.c2lnbmF0",
+    "://u:p@h", "s3cr3t-value", "abc", "ΣΑΣ", "İ", "\ud800", "null",
+])
+_TEXT = st.lists(st.one_of(_SECRETY, st.text(max_size=6)), max_size=8).map("".join)
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), _TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_TEXT, inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_the_pair_prefilter_answers_exactly_as_the_pair_pattern(text: str) -> None:
+    lowered = text.lower()
+    assert _may_hold_pair(lowered) == (_PAIR_START.search(lowered) is not None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON, st.sampled_from([(), ("s3cr3t-value",), ("abc", "s3cr3t-value")]))
+def test_rendering_in_one_scan_gives_what_masking_value_by_value_gives(value: object, literals: tuple[str, ...]) -> None:
+    scrubber = Scrubber(literals)
+    data, text = scrubber.render(value)
+    assert data == scrubber.data(value)
+    assert json.loads(text) == data
+
+
+def test_a_clean_result_is_rendered_in_one_scan_and_a_secret_in_it_is_still_masked() -> None:
+    scrubber = Scrubber({"s3cr3t-value"})
+    clean = {"project": "payments-api", "branches": [{"name": "feature/idempotency-keys"}], "n": 3}
+    assert scrubber._plain_json(clean) is not None
+    for dirty in ({"log": "the s3cr3t-value"}, {"api_key": "x"}, {"note": "password=hunter22"},
+                  {"t": "AKIAIOSFODNN7EXAMPLE"}, {"q": 'say "hi"'}, {1: "int key"}):
+        assert scrubber._plain_json(dirty) is None
+    assert scrubber.render({"log": "the s3cr3t-value", "api_key": "x"})[0] == {"log": "the ***", "api_key": MASK}

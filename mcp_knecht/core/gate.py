@@ -43,7 +43,7 @@ from mcp_knecht.core.audit import AuditEntry, AuditSink, Observer, Outcome
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.core.policy import Decision, Policy
 from mcp_knecht.core.registry import Registry
-from mcp_knecht.core.scrub import MASK, Scrubber
+from mcp_knecht.core.scrub import MASK, Scrubber, json_text
 from mcp_knecht.core.tools import MCP, Source, Tool, ToolContext
 from mcp_knecht.core.validation import label, validate_arguments
 from mcp_knecht.errors import (
@@ -100,6 +100,7 @@ class Masking(Protocol):
 
     def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str: ...
     def data(self, value: Any, keep: frozenset[str] = frozenset()) -> Any: ...
+    def render(self, value: Any, keep: frozenset[str] = frozenset()) -> tuple[Any, str]: ...
     def found_in(self, texts: Iterable[str]) -> frozenset[str]: ...
     async def refresh(self, *, force: bool = False) -> None: ...
 
@@ -343,10 +344,11 @@ class Gate:
         """A handler's result as JSON-ready data, masked value by value (never as JSON text, so a
         mask cannot change its structure). Never raises: at worst it is an internal error."""
         try:
-            data = self._scrub.data(raw, keep)
+            data, text = self._scrub.render(raw, keep)
             if not isinstance(data, dict):
                 data = {"result": data}
-            return GateResult("ran", json.dumps(data, ensure_ascii=False), data)
+                text = json_text(data)
+            return GateResult("ran", text, data)
         except Exception:
             return _internal_error(tool_name, "rendering the result of")
 
