@@ -27,6 +27,9 @@ def notify_config(settings: Settings, registry: Registry) -> NotifyConfig:
 async def serve_notifications(db: Database, config: NotifyConfig, *, scrub: Callable[[str], str],
                               wakeups: WakeupSource | None) -> None:
     """Run the delivery worker until cancelled."""
+    if config.webhook is None:  # only the webhook speaks HTTP itself: no client (and its TLS set-up) without it
+        await NotifyWorker(db, config, destinations(config, None), scrub=scrub, wakeups=wakeups).run()
+        return
     import httpx
 
     async with httpx.AsyncClient(follow_redirects=False) as client:
