@@ -1,12 +1,17 @@
 """Decisions per second with racing approver processes, and double executions (must be 0).
 
-    python scripts/bench_approvals.py [--proposals 400] [--approvers 8] [--db URL] [--json]
+    python scripts/bench_approvals.py [--proposals 400] [--approvers 8] [--order lockstep|shuffled]
+                                      [--db URL] [--json]
 
 Stages N proposals of a write tool whose effect inserts one row, then starts K approver
-processes that each try to approve every one of them. Reports wall time, decisions/s (won
-approvals including their execution), attempts/s, and the number of effects per proposal
-counted in the database. Baseline in the same run: one approver alone over the same number of
-fresh proposals, so the ratio shows what contention costs.
+processes that each try to approve every one of them — all in the same order (`lockstep`: they
+collide on every proposal, the worst case) or each in its own random order (`shuffled`). Reports
+wall time, decisions/s (won approvals including their execution), attempts/s, CPU per decision,
+and the number of effects per proposal counted in the database. Baseline in the same run: one
+approver alone over the same number of fresh proposals, so the ratio shows what contention costs.
+
+What bounds a decision physically is printed beside it: the disk's rate of `fdatasync` in the
+data folder (a SQLite decision makes one durable commit), and the cores' CPU seconds per decision.
 """
 
 from __future__ import annotations
@@ -59,10 +64,27 @@ async def _effects(env: dict[str, str], tag: str) -> dict[str, int]:
     return {row["label"]: row["n"] for row in rows}
 
 
-def _race(env: dict[str, str], approvers: int, first: int, last: int) -> tuple[float, list[dict[str, Any]]]:
+def fsync_rate(folder: str, seconds: float = 1.0) -> float:
+    """`write(4 KB) + fdatasync` per second in `folder`: the ceiling of durable commits one at a time."""
+    fd, path = tempfile.mkstemp(dir=folder)
+    try:
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            os.write(fd, b"x" * 4096)
+            os.fdatasync(fd)
+            done += 1
+        return done / (time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def _race(env: dict[str, str], approvers: int, first: int, last: int,
+          shuffled: bool = False) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
     workers = [
-        subprocess.Popen([sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(first), str(last)],
+        subprocess.Popen([sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(first), str(last),
+                          *([str(i)] if shuffled else [])],
                          env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(approvers)
     ]
@@ -75,8 +97,9 @@ def _race(env: dict[str, str], approvers: int, first: int, last: int) -> tuple[f
     return time.perf_counter() - started, reports
 
 
-def run(proposals: int, approvers: int, db_url: str | None) -> dict[str, Any]:
+def run(proposals: int, approvers: int, db_url: str | None, order: str = "lockstep") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
+        fsyncs = fsync_rate(folder)
         url = db_url or f"sqlite:///{folder}/bench.db"
         env = _env(url, folder)
         tag = f"bench{int(time.time())}"
@@ -87,7 +110,7 @@ def run(proposals: int, approvers: int, db_url: str | None) -> dict[str, Any]:
         _, solo = _race(env, 1, *solo_range)
         solo_seconds = solo[0]["seconds"]
         print(f"race: {approvers} approvers…", file=sys.stderr)
-        race_wall, reports = _race(env, approvers, *race_range)
+        race_wall, reports = _race(env, approvers, *race_range, shuffled=order == "shuffled")
         # Rates use the approvers' own clocks (from open store to done), not interpreter start-up.
         race_seconds = max(r["seconds"] for r in reports)
         effects = anyio.run(_effects, env, f"{tag}race")
@@ -96,7 +119,12 @@ def run(proposals: int, approvers: int, db_url: str | None) -> dict[str, Any]:
         "database": url.split("://")[0],
         "proposals": proposals,
         "approvers": approvers,
+        "order": order,
+        "cpus": os.cpu_count(),
+        "fdatasync_per_s": round(fsyncs),
         "baseline_decisions_per_s": round(proposals / solo_seconds, 1),
+        "baseline_cpu_ms_per_decision": round(solo[0]["cpu_seconds"] / proposals * 1000, 2),
+        "race_cpu_ms_per_decision": round(sum(r["cpu_seconds"] for r in reports) / max(won, 1) * 1000, 2),
         "race_seconds": round(race_seconds, 2),
         "race_wall_seconds_with_startup": round(race_wall, 2),
         "race_decisions_per_s": round(won / race_seconds, 1),
@@ -113,17 +141,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--proposals", type=int, default=400)
     parser.add_argument("--approvers", type=int, default=8)
+    parser.add_argument("--order", choices=("lockstep", "shuffled"), default="lockstep",
+                        help="the order each approver tries the proposals in (default: all the same)")
     parser.add_argument("--db", help="database URL (default: a temporary SQLite file)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.proposals, args.approvers, args.db)
+    result = run(args.proposals, args.approvers, args.db, args.order)
     if args.json:
         print(json.dumps(result))
         return
-    print(f"store                 {result['database']}")
-    print(f"baseline (1 approver) {result['baseline_decisions_per_s']:>8} decisions/s")
-    print(f"race ({args.approvers} approvers)   {result['race_decisions_per_s']:>8} decisions/s  "
-          f"({result['race_attempts_per_s']} attempts/s, ratio {result['ratio_race_to_baseline']}x)")
+    print(f"store                 {result['database']}  ({result['cpus']} cpus; the data folder's disk: "
+          f"{result['fdatasync_per_s']} fdatasync/s)")
+    print(f"baseline (1 approver) {result['baseline_decisions_per_s']:>8} decisions/s  "
+          f"({result['baseline_cpu_ms_per_decision']} ms CPU per decision in the approver)")
+    print(f"race ({args.approvers} approvers, {args.order}) {result['race_decisions_per_s']:>8} decisions/s  "
+          f"({result['race_attempts_per_s']} attempts/s, ratio {result['ratio_race_to_baseline']}x, "
+          f"{result['race_cpu_ms_per_decision']} ms approver CPU per decision won)")
     print(f"wins per approver     {result['wins_per_approver']}")
     print(f"executed              {result['executed']} of {args.proposals}")
     print(f"double executions     {result['double_executions']}")

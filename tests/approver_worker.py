@@ -1,13 +1,16 @@
-"""One racing approver: `python -m tests.approver_worker NAME FIRST_ID LAST_ID`.
+"""One racing approver: `python -m tests.approver_worker NAME FIRST_ID LAST_ID [SEED]`.
 
 Opens the app from the environment (KNECHT_DATABASE_URL, KNECHT_TOOLSETS, …) and tries to
-approve every id in the range; prints one JSON line: how many it won (its approval claimed and
-executed the proposal), recorded (its approval counted toward a quorum still short) and lost.
+approve every id in the range — in order, or shuffled by SEED; prints one JSON line: how many it
+won (its approval claimed and executed the proposal), recorded (its approval counted toward a
+quorum still short) and lost, its seconds and its CPU seconds.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import resource
 import sys
 import time
 
@@ -19,12 +22,20 @@ from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import NotPendingError
 
 
-async def race(name: str, first: int, last: int) -> dict[str, float]:
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def race(name: str, first: int, last: int, seed: int | None = None) -> dict[str, float]:
     won = recorded = lost = 0
+    ids = list(range(first, last + 1))
+    if seed is not None:
+        random.Random(seed).shuffle(ids)
     async with open_app(load_settings(), watch_policy=False) as app:
         service = app.approvals
-        started = time.perf_counter()
-        for proposal_id in range(first, last + 1):
+        started, cpu = time.perf_counter(), _cpu_seconds()
+        for proposal_id in ids:
             try:
                 decided = await service.approve(proposal_id, Operator(name))
             except NotPendingError:
@@ -34,11 +45,12 @@ async def race(name: str, first: int, last: int) -> dict[str, float]:
                     recorded += 1
                 else:
                     won += 1
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
     return {"operator": name, "won": won, "recorded": recorded, "lost": lost,  # type: ignore[dict-item]
-            "seconds": elapsed}
+            "seconds": elapsed, "cpu_seconds": cpu}
 
 
 if __name__ == "__main__":
-    result = anyio.run(race, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    result = anyio.run(race, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), seed)
     print(json.dumps(result))

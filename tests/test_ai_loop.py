@@ -3,6 +3,7 @@ policy and audit log of a demo server: what a feature's model may reach, and wha
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -50,7 +51,7 @@ async def test_tool_calls_run_through_the_gate_as_the_actor_with_the_feature_as_
     entries = await _audit(app, "feature:failure-diagnosis")
     assert [(e["tool"], e["outcome"], e["subject"], e["client"]) for e in entries] == [
         ("get_run", "ran", "rita", "pytest"), ("get_action_log", "ran", "rita", "pytest")]
-    assert f'"id": {FAILED_RUN}' in model.results[0]
+    assert json.loads(model.results[0])["id"] == FAILED_RUN
 
 
 async def test_only_allowlisted_tools_are_offered_and_another_is_refused_and_audited(app: App) -> None:

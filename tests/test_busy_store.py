@@ -94,3 +94,41 @@ async def test_past_the_busy_timeout_a_write_says_store_busy_and_the_server_goes
     outcomes = [r["outcome"] for r in await staged_app.db.fetch_all("SELECT outcome FROM audit_log ORDER BY id")]
     assert outcomes.count("staged") == 1 and "failed" in outcomes and "ran" in outcomes  # all on record
     assert await verify_chain(staged_app.db, staged_app.audit.chain) == []
+
+
+async def test_writers_of_one_file_queue_and_one_that_gives_up_leaves_the_queue_free(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Our writers queue on the file's writer lock (as our other processes would, each with its own
+    descriptor). A writer cancelled while queued (its client went away) must not keep the lock once
+    its waiting thread gets it, nor leave its connection inside a transaction."""
+    from mcp_knecht.store import open_database
+
+    url = f"sqlite:///{tmp_path / 'queue.db'}"
+    first, second = await open_database(url), await open_database(url)
+    try:
+        async with first.transaction() as tx:
+            await tx.execute("CREATE TABLE log (who TEXT)")
+        release = anyio.Event()
+
+        async def hold() -> None:
+            async with first.transaction() as tx:
+                await tx.execute("INSERT INTO log VALUES ('first')")
+                await release.wait()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(hold)
+            await anyio.sleep(0.1)
+            with anyio.move_on_after(0.3) as gave_up:
+                async with second.transaction() as tx:
+                    await tx.execute("INSERT INTO log VALUES ('never')")
+            assert gave_up.cancelled_caught
+            release.set()
+        async with second.transaction() as tx:  # the abandoned wait let go of the lock when it got it
+            await tx.execute("INSERT INTO log VALUES ('second')")
+        async with first.transaction() as tx:
+            await tx.execute("INSERT INTO log VALUES ('first again')")
+        rows = await first.fetch_all("SELECT who FROM log ORDER BY rowid")
+        assert [r["who"] for r in rows] == ["first", "second", "first again"]
+        assert oct((tmp_path / "queue.db-writers").stat().st_mode & 0o777) == "0o600"
+    finally:
+        await first.close()
+        await second.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mcp_knecht.app import App
+from mcp_knecht.transports.mcp_server import build_mcp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -113,3 +116,12 @@ async def test_every_outcome_is_audited_with_the_subject_of_the_token(connect, a
         ("carol", "list_runs", "invalid"),
         ("carol", "nope", "forbidden"),
     ]
+
+
+async def test_no_tool_maps_an_argument_to_a_header_so_the_server_has_none_to_check(app: App) -> None:
+    """The server tells the SDK there are no `Mcp-Param-*` headers to check (which spares a whole
+    `tools/list` per call over HTTP); that holds only while no tool declares `x-mcp-header`."""
+    server = build_mcp_server(app.gate, lambda ctx: None)
+    for tool in app.registry:
+        assert "x-mcp-header" not in json.dumps(tool.input_schema), tool.name
+        assert server.get_tool_input_schema is not None and server.get_tool_input_schema(tool.name) is None

@@ -170,7 +170,8 @@ def test_the_pair_prefilter_answers_exactly_as_the_pair_pattern(text: str) -> No
 
 @settings(max_examples=400, deadline=None)
 @given(_JSON, st.sampled_from([(), ("s3cr3t-value",), ("abc", "s3cr3t-value")]))
-def test_rendering_in_one_scan_gives_what_masking_value_by_value_gives(value: object, literals: tuple[str, ...]) -> None:
+def test_rendering_in_one_scan_gives_what_masking_value_by_value_gives(
+        value: object, literals: tuple[str, ...]) -> None:
     scrubber = Scrubber(literals)
     data, text = scrubber.render(value)
     assert data == scrubber.data(value)

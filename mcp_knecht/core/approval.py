@@ -221,11 +221,13 @@ class ApprovalService:
         else:
             succeeded, result_json, error = await self._run(proposal)
         outcome: Outcome = "executed" if succeeded else "execution_failed"
-        await self._proposals.finish(
+        finished = await self._proposals.finish(
             proposal_id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
             audit=self._entry(operator, proposal, outcome, **({"error": error} if error else {})),
         )
-        return await self.checked(proposal_id)
+        if finished is None:  # settled meanwhile by someone who thought this approver gone
+            return await self.checked(proposal_id)
+        return replace(finished, approvals=proposal.approvals)
 
     async def _run(self, proposal: Proposal) -> tuple[bool, str | None, str | None]:
         tool = self._gate.registry.get(proposal.tool)

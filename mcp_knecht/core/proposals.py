@@ -234,8 +234,9 @@ class ProposalRepository(Protocol):
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str, audit: AuditEntry) -> bool:
-        """executing → succeeded | failed."""
+                     error: str | None, now: str, audit: AuditEntry) -> Proposal | None:
+        """executing → succeeded | failed: the proposal as it now is (without its approvals), or None
+        when it was not executing."""
         ...
     async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """`id → (status, proposer subject)` for the ids that exist."""

@@ -115,12 +115,17 @@ class AuditChain:
         if not entries:
             return []
         await tx.lock("audit_log")
-        anchor = await self._anchor(tx)
-        if anchor is None:
+        row = await tx.fetch_one(
+            "SELECT row_count, head_id, head_hash, keyed_from, mac,"
+            " (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1) AS last_id,"
+            " (SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1) AS last_hash"
+            " FROM audit_anchor WHERE id = 1")
+        if row is None:
             raise StoreError("The audit log's head anchor is missing: the database was tampered with. "
                              "Run `mcp-knecht audit verify`.")
-        last = await tx.fetch_one("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1")
-        next_id, prev_hash = (last["id"] + 1, last["hash"]) if last else (1, GENESIS)
+        last_id, last_hash = row.pop("last_id"), row.pop("last_hash")
+        anchor = Anchor(**row)
+        next_id, prev_hash = (last_id + 1, last_hash) if last_id is not None else (1, GENESIS)
         rows, ids = [], []
         for entry in entries:
             fields = _row_fields(entry, next_id)

@@ -89,6 +89,9 @@ def _is_blank(sql: str) -> bool:
 
 
 _INSERT_INTO = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_]\w*)\s*(\(\s*id\s*[,)])?", re.IGNORECASE)
+_IDS_WITHOUT_SEQUENCE = frozenset({"audit_log"})
+"""Tables whose ids are always given (the audit chain's positions): no sequence to move past them,
+and no round trip spent on one at every commit."""
 
 
 def lock_key(name: str) -> int:
@@ -156,6 +159,8 @@ class _PgTransaction:
         if (match := _INSERT_INTO.match(sql)) is None:
             return
         table = match[1].lower()
+        if table in _IDS_WITHOUT_SEQUENCE:
+            return
         if match[2]:
             self._explicit_ids.add(table)
         elif table in self._explicit_ids:

@@ -24,9 +24,14 @@ from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, QuorumOutcome
 from mcp_knecht.store.audit_log import AuditChain
-from mcp_knecht.store.quorum import add_approval, approvals_of
+from mcp_knecht.store.quorum import add_approval, approval, approvals_of
 
 _SELECT = "SELECT * FROM proposals"
+_SELECT_WITH_APPROVALS = (
+    "SELECT p.*, a.operator AS approval_operator, a.person AS approval_person,"
+    " a.approved_at AS approval_approved_at, a.seal AS approval_seal"
+    " FROM proposals p LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ? ORDER BY a.id"
+)
 
 StatusHook = Callable[[Transaction, Proposal], Awaitable[None]]
 """`hook(tx, proposal)`: awaited inside the transaction that gave `proposal` its status."""
@@ -108,8 +113,12 @@ class SqlProposalRepository:
         return proposal_id, True
 
     async def get(self, proposal_id: int) -> Proposal | None:
-        row = await self._db.fetch_one(f"{_SELECT} WHERE id = ?", (proposal_id,))
-        return (await self._with_approvals([_proposal(row, clock.timestamp())]))[0] if row else None
+        """The proposal with its approvals, in one statement (a decision reads it more than once)."""
+        rows = await self._db.fetch_all(_SELECT_WITH_APPROVALS, (proposal_id,))
+        if not rows:
+            return None
+        found = tuple(approval(row, prefix="approval_") for row in rows if row["approval_person"] is not None)
+        return replace(_proposal(rows[0], clock.timestamp()), approvals=found)
 
     async def _with_approvals(self, proposals: builtins.list[Proposal]) -> builtins.list[Proposal]:
         found = await approvals_of(self._db, [p.id for p in proposals]) if proposals else {}
@@ -135,14 +144,19 @@ class SqlProposalRepository:
     async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
                       durable: bool = True) -> bool:
         """One conditional UPDATE; its audit row commits with it, and only if it changed a row."""
+        return await self._update_returning(sql, params, audit, durable=durable) is not None
+
+    async def _update_returning(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
+                                durable: bool = True) -> Proposal | None:
+        """`_update`, answering the proposal as the UPDATE left it (without its approvals)."""
         async with self._db.transaction(durable=durable) as tx:
             changed = await tx.fetch_all(f"{sql} RETURNING *", params)
             if len(changed) != 1:
-                return False
+                return None
             await self._changed(tx, changed[0])  # before the audit chain takes its (global) lock
             if audit is not None:
                 await self._chain.append(tx, [audit])
-            return True
+        return _proposal(changed[0], clock.timestamp())
 
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         async with self._db.transaction(durable=True) as tx:
@@ -171,10 +185,10 @@ class SqlProposalRepository:
         )
 
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str, audit: AuditEntry) -> bool:
+                     error: str | None, now: str, audit: AuditEntry) -> Proposal | None:
         # Not `durable`: the claim already is. A power loss that takes this commit leaves the proposal
         # `executing` ("outcome unknown"): never run again, settled by a person.
-        return await self._update(
+        return await self._update_returning(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
             ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit, durable=False,

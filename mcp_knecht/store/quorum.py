@@ -2,7 +2,8 @@
 
     add_approval(id, approval)           in one durable transaction:
       lock `proposal:<id>`                every approval of this proposal, on every replica, queues here
-      read its approvals                  (each statement after the lock sees what the previous holder committed)
+      read it with its approvals          (each statement after the lock sees what the previous holder committed);
+                                          no longer pending → `not_pending` at once, nothing written
       insert this one                     at most one per person (also a UNIQUE key)
       the quorum complete?  yes → UPDATE … SET status = 'executing' WHERE id = ? AND status = 'pending' …
                             no  → UPDATE … SET status = status   WHERE id = ? AND status = 'pending' …
@@ -32,8 +33,9 @@ class _NotPending(Exception):
     """Rolls the transaction back: the proposal was not pending when this approval came to count."""
 
 
-def approval(row: Row) -> Approval:
-    return Approval(operator=row["operator"], person=row["person"], approved_at=row["approved_at"], seal=row["seal"])
+def approval(row: Row, prefix: str = "") -> Approval:
+    return Approval(operator=row[f"{prefix}operator"], person=row[f"{prefix}person"],
+                    approved_at=row[f"{prefix}approved_at"], seal=row[f"{prefix}seal"])
 
 
 async def add_approval(
@@ -45,9 +47,12 @@ async def add_approval(
     try:
         async with db.transaction(durable=True) as tx:
             await tx.lock(f"proposal:{proposal_id}")
-            rows = await tx.fetch_all("SELECT * FROM proposal_approvals WHERE proposal_id = ? ORDER BY id",
-                                      (proposal_id,))
-            earlier = [approval(row) for row in rows]
+            rows = await tx.fetch_all(
+                "SELECT p.status, p.expires_at, a.operator, a.person, a.approved_at, a.seal FROM proposals p"
+                " LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ? ORDER BY a.id", (proposal_id,))
+            if not rows or rows[0]["status"] != "pending" or rows[0]["expires_at"] <= new.approved_at:
+                raise _NotPending  # decided (or expired) before this approval's turn: nothing written
+            earlier = [approval(row) for row in rows if row["person"] is not None]
             if any(a.person == new.person for a in earlier):
                 return "duplicate"
             await tx.execute(

@@ -1,7 +1,19 @@
 """SQLite backend (the embedded default): WAL, one reader and one writer connection.
 
+Reads go through aiosqlite's thread, since one may take long. The writer is used from the event
+loop's own thread: a write transaction's statements are microseconds each, while a hop to a driver
+thread and back costs about 50 µs (a decision makes twenty); what can block for long — COMMIT (an
+fsync, a checkpoint) and large batches — runs in a worker thread. One transaction at a time, so the
+connection is never used by two threads at once.
+
 Writes take the lock up front with `BEGIN IMMEDIATE`, so two processes (say, two operators'
 CLIs) never deadlock on a read-to-write upgrade; they wait up to the busy timeout instead.
+
+Our own processes queue for that lock on an advisory file lock first (`<db>-writers`, `flock`): a
+waiting writer sleeps in the kernel and is woken the moment the holder is done, instead of polling
+the database (eight racing approvers polling would burn both cores the holder needs). The kernel
+drops the lock of a process that dies, even by `kill -9`. `BEGIN IMMEDIATE` still decides: a
+writer outside mcp-knecht (the sqlite3 shell) is waited for by polling, as before.
 
 A database file this backend creates is private to its user (mode 0600, in a folder it creates
 with mode 0700): it holds secret values, proposals and the audit log. SQLite gives its `-wal`
@@ -11,9 +23,11 @@ and `-shm` files the mode of the database file.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -92,15 +106,112 @@ class _SQLiteTransaction:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
 
 
+_INLINE_BATCH = 64
+"""An `execute_many` of more rows than this runs in a worker thread (it may take milliseconds)."""
+
+
+class _WriterTransaction:
+    """The write transaction's statements, run inline on the writer connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
+
+    async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
+        return next(iter(await self.fetch_all(sql, params)), None)
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        try:
+            return self._conn.execute(sql, params).rowcount
+        except sqlite3.Error as exc:
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
+
+    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
+        try:
+            if len(rows) > _INLINE_BATCH:
+                await anyio.to_thread.run_sync(self._conn.executemany, sql, rows)
+            else:
+                self._conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
+
+    async def lock(self, name: str) -> None:
+        """`BEGIN IMMEDIATE` already holds the database's single write lock."""
+
+
+def _open_writer(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.row_factory = _dict_row
+        conn.execute("PRAGMA busy_timeout = 0")  # `_begin` waits for the write lock itself
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA synchronous = NORMAL")  # see `_connect`
+        conn.execute("PRAGMA journal_mode = WAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class _WriterQueue:
+    """An exclusive `flock` on `<db>-writers`, taken before `BEGIN IMMEDIATE` and given back after
+    the commit. Waiting happens in a worker thread blocked in the kernel; a waiter that gives up
+    (timeout, cancellation) leaves the thread to drop the lock the moment it gets it."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(f"{path}-writers", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    async def acquire(self, timeout: float) -> bool:
+        """True once held; False when `timeout` passed first (the caller then polls SQLite as before)."""
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        guard, state = threading.Lock(), {"held": False, "abandoned": False}
+
+        def wait() -> None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            with guard:
+                if state["abandoned"]:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                else:
+                    state["held"] = True
+
+        try:
+            with anyio.move_on_after(timeout):
+                await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
+        except BaseException:
+            with guard:
+                state["abandoned"] = True
+                if state["held"]:
+                    self.release()
+            raise
+        with guard:
+            state["abandoned"] = True
+            return state["held"]
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class SQLiteDatabase:
     dialect = "sqlite"
 
-    def __init__(self, url: str, reader: aiosqlite.Connection, writer: aiosqlite.Connection) -> None:
+    def __init__(self, url: str, reader: aiosqlite.Connection, writer: sqlite3.Connection,
+                 writers: _WriterQueue | None = None) -> None:
         self.url = url
         self._reader = _SQLiteTransaction(reader)
         self._reader_conn = reader
         self._writer = writer
         self._write_lock = anyio.Lock()
+        self._writers = writers
 
     @classmethod
     async def open(cls, url: str) -> SQLiteDatabase:
@@ -110,15 +221,20 @@ class SQLiteDatabase:
             _create_private(path)
         except OSError as exc:
             raise store_error("sqlite", f"Cannot create the database {path}: {exc.strerror}") from exc
-        writer = await _connect(str(path))
         try:
-            await writer.execute_fetchall("PRAGMA journal_mode = WAL")
-            await writer.execute_fetchall("PRAGMA busy_timeout = 0")  # `_begin` waits for the write lock itself
+            writer = await anyio.to_thread.run_sync(_open_writer, str(path))
         except sqlite3.Error as exc:
-            await writer.close()
             raise store_error("sqlite", f"{path} is not a usable SQLite database: {exc}") from exc
-        reader = await _connect(str(path))
-        return cls(url, reader, writer)
+        try:
+            reader = await _connect(str(path))
+        except BaseException:
+            writer.close()
+            raise
+        try:
+            writers: _WriterQueue | None = _WriterQueue(path)
+        except OSError:  # a read-only folder: SQLite alone orders the writers, by polling
+            writers = None
+        return cls(url, reader, writer, writers)
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
         return await self._reader.fetch_all(sql, params)
@@ -138,27 +254,38 @@ class SQLiteDatabase:
             await conn.close()
 
     @asynccontextmanager
-    async def transaction(self, *, durable: bool = False) -> AsyncIterator[_SQLiteTransaction]:
+    async def transaction(self, *, durable: bool = False) -> AsyncIterator[_WriterTransaction]:
         async with self._write_lock:
             if durable:
-                await self._writer.execute("PRAGMA synchronous = FULL")
+                self._writer.execute("PRAGMA synchronous = FULL")
             try:
                 async with self._in_transaction():
-                    yield _SQLiteTransaction(self._writer)
+                    yield _WriterTransaction(self._writer)
             finally:
                 if durable:
-                    with anyio.CancelScope(shield=True):
-                        await self._writer.execute("PRAGMA synchronous = NORMAL")
+                    self._writer.execute("PRAGMA synchronous = NORMAL")
 
-    async def _begin(self) -> None:
-        """`BEGIN IMMEDIATE`, waiting for another process's write lock by polling every fraction of
-        a millisecond (growing to 4 ms), up to `BUSY_TIMEOUT_MS`. SQLite's own busy handler sleeps
-        in steps up to 100 ms, which leaves the lock idle while racing writers sleep."""
+    async def _begin(self) -> bool:
+        """`BEGIN IMMEDIATE`, after queueing behind our other processes (see the module); True when
+        the writer queue is held (to be released after the commit). A lock held outside the queue is
+        waited for by polling every fraction of a millisecond (growing to 4 ms), up to
+        `BUSY_TIMEOUT_MS` in all. SQLite's own busy handler sleeps in steps up to 100 ms, which
+        leaves the lock idle while racing writers sleep."""
         deadline = anyio.current_time() + BUSY_TIMEOUT_MS / 1000
+        queued = self._writers is not None and await self._writers.acquire(BUSY_TIMEOUT_MS / 1000)
+        try:
+            await self._begin_immediate(deadline)
+        except BaseException:
+            if queued:
+                self._writers.release()  # type: ignore[union-attr]
+            raise
+        return queued
+
+    async def _begin_immediate(self, deadline: float) -> None:
         pause = _LOCK_POLL_FIRST
         while True:
             try:
-                await self._writer.execute("BEGIN IMMEDIATE")
+                self._writer.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
@@ -173,36 +300,42 @@ class SQLiteDatabase:
     @asynccontextmanager
     async def _in_transaction(self) -> AsyncIterator[None]:
         try:
-            await self._begin()
+            queued = await self._begin()
         except StoreBusyError:
             raise
         except sqlite3.Error as exc:
             raise store_error("sqlite", f"Cannot start a write transaction: {exc}") from exc
         except BaseException:
-            # Cancelled while waiting (a client went away while another process held the lock): the
-            # driver's thread still runs the BEGIN. Queue a ROLLBACK behind it, or the connection stays
-            # inside that transaction and every later write fails.
-            with anyio.CancelScope(shield=True), contextlib.suppress(sqlite3.Error):
-                await self._writer.execute("ROLLBACK")
+            # Cancelled while waiting (a client went away while another process held the lock): make
+            # sure the connection is not left inside a transaction, or every later write fails.
+            with contextlib.suppress(sqlite3.Error):
+                self._writer.execute("ROLLBACK")
             raise
         try:
-            yield
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._writer.execute("ROLLBACK")
-            raise
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._writer.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise store_error("sqlite", f"Commit failed: {exc}") from exc
+            try:
+                yield
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            try:  # the one step that may wait on the disk: off the event loop
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._writer.execute, "COMMIT")
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    self._writer.execute("ROLLBACK")
+                raise store_error("sqlite", f"Commit failed: {exc}") from exc
+        finally:
+            if queued:
+                self._writers.release()  # type: ignore[union-attr]
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
-            try:  # SQLite's advice: refresh planner statistics where they went stale, cheaply
-                await self._writer.execute_fetchall("PRAGMA analysis_limit = 1000")
-                await self._writer.execute_fetchall("PRAGMA optimize")
-            except sqlite3.Error:
-                pass  # statistics are an optimisation; never fail a shutdown over them
+            # SQLite's advice: refresh planner statistics where they went stale, cheaply. They are an
+            # optimisation: never fail a shutdown over them.
+            with contextlib.suppress(sqlite3.Error):
+                await anyio.to_thread.run_sync(self._writer.executescript,
+                                               "PRAGMA analysis_limit = 1000; PRAGMA optimize;")
             await self._reader_conn.close()
-            await self._writer.close()
+            self._writer.close()
+            if self._writers is not None:
+                self._writers.close()

@@ -76,6 +76,10 @@ def _mcp_prompt(prompt: Prompt) -> types.Prompt:
     )
 
 
+def _no_header_arguments(name: str) -> None:
+    return None
+
+
 def build_mcp_server(
     gate: Gate,
     resolve_actor: ActorResolver,
@@ -141,6 +145,10 @@ def build_mcp_server(
         "mcp-knecht",
         version=__version__,
         instructions=instructions,
+        # No tool maps an argument to an `Mcp-Param-*` header (`x-mcp-header`), so there is nothing
+        # to check against; without this the SDK runs the caller's whole `tools/list` before every
+        # 2026-07-28 `tools/call` over HTTP just to find that out.
+        get_tool_input_schema=_no_header_arguments,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         **handlers,
