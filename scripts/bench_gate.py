@@ -43,8 +43,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 BARE_SERVER = REPO / "scripts" / "bare_server.py"
 TOOL = "get_project"
-TARGET_CALL_RATIO = 1.15
-TARGET_START_RATIO = 1.10
+TARGET_CALL_RATIO = 1.10  # issue 17: gate ≤ 1.10x the bare server in memory
+TARGET_START_RATIO = 1.05  # issue 17: stdio cold start ≤ 1.05x the bare server
 BATCH = 200
 MODERN_VERSION = "2026-07-28"
 LEGACY_VERSION = "2025-11-25"

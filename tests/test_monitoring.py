@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -92,9 +93,13 @@ async def test_metrics_after_a_few_calls_count_outcomes_latency_and_proposals(  
     ])
     assert errors == [False, False, True, True, False]
 
-    status, text = _scrape(metrics_server)
-    assert status == 200
-    samples = _parse(text)
+    for _ in range(50):  # the audit log's next group commit (every 50 ms) may not have run yet
+        status, text = _scrape(metrics_server)
+        assert status == 200
+        samples = _parse(text)
+        if (_value(samples, "knecht_audit_flush_duration_seconds_count") or 0) >= 1:
+            break
+        await anyio.sleep(0.1)
     calls = "knecht_gate_calls_total"
     assert _value(samples, calls, tool="list_projects", outcome="ran", source="mcp") == 2
     assert _value(samples, calls, tool="get_run", outcome="invalid", source="mcp") == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -16,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -525,3 +527,16 @@ def test_parse_ttl(text: str, expected: timedelta) -> None:
 def test_parse_ttl_rejects_bad_input(text: str) -> None:
     with pytest.raises(UsageError, match=r"(?i)lifetime"):
         parse_ttl(text)
+
+
+async def test_a_token_verified_before_is_trusted_again_only_until_it_expires(settings: TokenSettings) -> None:
+    strict = TokenVerifier(dataclasses.replace(settings, leeway_seconds=0))
+    token = mint_token(settings, subject="dana", scopes=["x:read"], ttl=timedelta(seconds=1))
+    assert (await strict.averify(token)).subject == "dana"
+    assert (await strict.averify(token)).subject == "dana"  # remembered
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    with pytest.raises(AuthError, match="signature"):
+        await strict.averify(forged)
+    await anyio.sleep(1.5)
+    with pytest.raises(AuthError, match="expired"):
+        await strict.averify(token)

@@ -106,8 +106,9 @@ class _SQLiteTransaction:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
 
 
-_INLINE_BATCH = 64
-"""An `execute_many` of more rows than this runs in a worker thread (it may take milliseconds)."""
+_INLINE_BATCH = 8
+"""An `execute_many` of more rows than this runs in a worker thread (the audit log's group commits:
+milliseconds, which the event loop would otherwise wait through)."""
 
 
 class _WriterTransaction:

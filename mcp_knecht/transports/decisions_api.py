@@ -165,10 +165,10 @@ class DecisionApi:
 
     async def approve(self, request: Request, actor: Actor) -> JSONResponse:
         proposal_id = _proposal_id(request)
-        await self._visible(proposal_id, actor)
+        seen = await self._visible(proposal_id, actor)
         operator = self._operator(actor)
         expect_hash = _text(await _body(request, {"expect_hash"}), "expect_hash", required=False)
-        decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash)
+        decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash, checked=seen)
         return JSONResponse(decided.document())
 
     async def reject(self, request: Request, actor: Actor) -> JSONResponse:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,10 @@ MAX_TOKEN_LENGTH = 16_384
 JWKS_CACHE_SECONDS = 300
 JWKS_TIMEOUT_SECONDS = 10
 _REQUIRED_CLAIMS = ["exp", "iss", "aud", "sub"]
+VERIFIED_CACHE_SIZE = 4_096
+VERIFIED_CACHE_SECONDS = 60.0
+"""How long `averify` trusts a token it verified before (never past its `exp`): a key taken out of a
+JWKS stops its tokens within this; each HTTP request of a client otherwise pays a signature check."""
 
 
 class TokenVerifier:
@@ -27,6 +33,7 @@ class TokenVerifier:
         self._static_key: Any = None
         self._static_algorithms: tuple[str, ...] = ()
         self._jwks: jwt.PyJWKClient | None = None
+        self._verified: OrderedDict[str, tuple[Actor, float]] = OrderedDict()
         if settings.secret is not None:
             self._static_key = settings.secret
             self._static_algorithms = settings.algorithms
@@ -46,6 +53,25 @@ class TokenVerifier:
                 timeout=JWKS_TIMEOUT_SECONDS,
             )
 
+    def _remembered(self, token: str) -> Actor | None:
+        found = self._verified.get(token)
+        if found is None:
+            return None
+        actor, until = found
+        if time.time() < until:
+            return actor
+        del self._verified[token]
+        return None
+
+    def _remember(self, token: str, actor: Actor) -> None:
+        exp = actor.claims.get("exp")
+        until = time.time() + VERIFIED_CACHE_SECONDS
+        if isinstance(exp, int | float):  # as jwt.decode judges it: `exp` plus the leeway
+            until = min(until, exp + self.settings.leeway_seconds)
+        self._verified[token] = (actor, until)
+        while len(self._verified) > VERIFIED_CACHE_SIZE:
+            self._verified.popitem(last=False)
+
     def verify(self, token: str) -> Actor:
         """Verify synchronously. With a JWKS URL this may block on a network fetch."""
         header = self._header(token)
@@ -53,13 +79,18 @@ class TokenVerifier:
         return self._decode(token, key, algorithms)
 
     async def averify(self, token: str) -> Actor:
-        """Verify without blocking the event loop (the JWKS fetch runs in a worker thread)."""
+        """Verify without blocking the event loop (the JWKS fetch runs in a worker thread). A token
+        verified within the last `VERIFIED_CACHE_SECONDS` (and not expired) is not checked again."""
+        if isinstance(token, str) and (actor := self._remembered(token)) is not None:
+            return actor
         header = self._header(token)
         if self._jwks is None:
             key, algorithms = self._resolve_key(token, header)
         else:
             key, algorithms = await anyio.to_thread.run_sync(self._resolve_key, token, header)
-        return self._decode(token, key, algorithms)
+        actor = self._decode(token, key, algorithms)
+        self._remember(token, actor)
+        return actor
 
     def _header(self, token: str) -> dict[str, Any]:
         if not isinstance(token, str) or not token.strip():
