@@ -117,9 +117,9 @@ class ApprovalService:
     # --- decisions -----------------------------------------------------------------------------------
 
     async def approve(self, proposal_id: int, operator: Operator, *, expect_hash: str | None = None,
-                      checked: Proposal | None = None) -> Proposal:
-        """`checked`: the proposal as the caller just read it through `checked` (spares a read)."""
-        proposal = checked if checked is not None and checked.id == proposal_id else await self.checked(proposal_id)
+                      seen: Proposal | None = None) -> Proposal:
+        """`seen`: the proposal as the caller has just read it through `checked` (spares a read)."""
+        proposal = seen if seen is not None and seen.id == proposal_id else await self.checked(proposal_id)
         if proposal.status != "pending":
             raise self._not_pending(proposal)
         if proposal.seal is None:

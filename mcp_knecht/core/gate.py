@@ -341,8 +341,9 @@ class Gate:
         return GateResult(outcome, message, data, is_error=True, error_code=exc.code)
 
     def _render(self, tool_name: str, raw: Any, keep: frozenset[str]) -> GateResult:
-        """A handler's result as JSON-ready data, masked value by value (never as JSON text, so a
-        mask cannot change its structure). Never raises: at worst it is an internal error."""
+        """A handler's result as JSON-ready data and its text, masked (`Scrubber.render`: one scan of
+        the text finds nothing to mask, or the result is masked value by value, so a mask cannot
+        change its structure). Never raises: at worst it is an internal error."""
         try:
             data, text = self._scrub.render(raw, keep)
             if not isinstance(data, dict):

@@ -253,7 +253,7 @@ class Scrubber:
 
     def _plain_json(self, value: Any) -> str | None:
         """`value` as JSON text if it is plain JSON in which nothing could be masked, else None."""
-        try:  # strict: only dicts with str keys, lists, tuples, str, int, float, bool, None pass
+        try:  # dicts with str keys, lists, tuples, scalars; enums and UUIDs come out as the walk shows them
             text = orjson.dumps(value, option=_PLAIN_ONLY).decode()
         except (TypeError, RecursionError):
             return None  # not plain JSON (a model, `Masked`, a lone surrogate, a cycle): walked instead

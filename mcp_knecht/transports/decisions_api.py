@@ -168,7 +168,7 @@ class DecisionApi:
         seen = await self._visible(proposal_id, actor)
         operator = self._operator(actor)
         expect_hash = _text(await _body(request, {"expect_hash"}), "expect_hash", required=False)
-        decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash, checked=seen)
+        decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash, seen=seen)
         return JSONResponse(decided.document())
 
     async def reject(self, request: Request, actor: Actor) -> JSONResponse:
