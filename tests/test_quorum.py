@@ -302,3 +302,37 @@ async def test_the_web_page_shows_the_quorum_and_takes_one_approval_per_operator
                 assert expected in (await browser.get(f"/proposals/{proposal_id}")).text
             decided = await app.proposals.get(proposal_id)
             assert decided is not None and decided.status == status
+
+
+class _SecondApprovalRightAfter:
+    """The real repository; right after an approval is recorded, another operator's approval (through
+    the real service) completes the quorum — what a racing operator can do at any moment."""
+
+    def __init__(self, real: SqlProposalRepository, then: Any) -> None:
+        self._real, self._then = real, then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def add_approval(self, *args: Any, **kwargs: Any) -> Any:
+        outcome = await self._real.add_approval(*args, **kwargs)
+        if outcome == "recorded":
+            await self._then()
+        return outcome
+
+
+async def test_an_approval_that_only_counted_is_told_so_even_when_another_completes_the_quorum_at_once(
+    quorum_env: dict[str, str],
+) -> None:
+    from mcp_knecht.core.approval import ApprovalService, Operator
+
+    [proposal_id] = await _stage(quorum_env, "two-race")
+    async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
+        carol = app.approvals.approve(proposal_id, Operator("carol"))
+        racing = ApprovalService(_SecondApprovalRightAfter(app.proposals, lambda: carol),  # type: ignore[arg-type]
+                                 app.gate, app.audit, app.keys)
+        told = await racing.approve(proposal_id, Operator("bob"))
+        assert told.status == "pending" and told.quorum == "1 of 2 approvals (local:bob)"
+        now = await app.approvals.checked(proposal_id)
+        assert now.status == "succeeded" and now.decided_by == "local:carol"
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"two-race": 1}

@@ -145,17 +145,23 @@ class ApprovalService:
             raise AlreadyApprovedError(
                 f"You approved proposal #{proposal_id} already ({proposal.quorum}); another operator must approve "
                 "it too.")
+        counted_now: list[tuple[Approval, ...]] = []
+
+        def audit(counted: tuple[Approval, ...], completes: bool) -> AuditEntry:
+            counted_now.append(counted)
+            return self._entry(operator, proposal, "approved" if completes else "approval_recorded",
+                               approvals=[a.operator for a in counted], approvers=proposal.approvers)
+
         outcome = await self._proposals.add_approval(
             proposal_id, self._approval(proposal, operator), required=proposal.approvers,
-            counts=lambda a: self._approval_holds(proposal.id, proposal.seal, a),
-            audit=lambda counted, completes: self._entry(
-                operator, proposal, "approved" if completes else "approval_recorded",
-                approvals=[a.operator for a in counted], approvers=proposal.approvers),
+            counts=lambda a: self._approval_holds(proposal.id, proposal.seal, a), audit=audit,
         )
         if outcome == "claimed":
             return await self._execute(proposal_id, operator)
         if outcome == "recorded":
-            return await self.checked(proposal_id)
+            # As this approval left it: a read now could already show another operator's claim and
+            # tell this one "approved and executed" although it only counted toward the quorum.
+            return replace(proposal, approvals=counted_now[-1])
         current = await self.checked(proposal_id)
         if outcome == "duplicate":
             raise AlreadyApprovedError(f"You approved proposal #{proposal_id} already ({current.quorum}).")
