@@ -6,6 +6,7 @@ Imports are local to each command: a stdio server's cold start pays only for wha
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -74,9 +75,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return anyio.run(_serve_http, settings, verifier, args, log_format, backend_options=HTTP_LOOP)
 
 
-HTTP_LOOP = {"use_uvloop": True}
-"""The HTTP server runs on uvloop (with httptools parsing, 15-25 % more calls/s than asyncio's loop
-and h11 in scripts/bench_http.py); stdio and the CLIs keep asyncio's loop."""
+HTTP_LOOP = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
+"""The HTTP server runs on uvloop where it exists (not on Windows; with httptools parsing, 15-25 %
+more calls/s than asyncio's loop and h11 in scripts/bench_http.py); stdio and the CLIs keep
+asyncio's loop."""
 
 
 def _refuse_stdio(problem: str) -> int:

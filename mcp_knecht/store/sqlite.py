@@ -23,7 +23,6 @@ and `-shm` files the mode of the database file.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import random
 import sqlite3
@@ -40,6 +39,11 @@ from mcp_knecht.core.database import Params, Row
 from mcp_knecht.core.database_url import normalise, sqlite_path
 from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: SQLite alone orders the writers there, by polling
+    fcntl = None  # type: ignore[assignment]
 
 BUSY_TIMEOUT_MS = 15_000
 """How long a write waits for another process's write lock before the caller hears "store busy"."""
@@ -165,6 +169,8 @@ class _WriterQueue:
     (timeout, cancellation) leaves the thread to drop the lock the moment it gets it."""
 
     def __init__(self, path: Path) -> None:
+        if fcntl is None:
+            raise OSError("no flock on this platform")
         self._fd = os.open(f"{path}-writers", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     async def acquire(self, timeout: float) -> bool:
@@ -233,7 +239,7 @@ class SQLiteDatabase:
             raise
         try:
             writers: _WriterQueue | None = _WriterQueue(path)
-        except OSError:  # a read-only folder: SQLite alone orders the writers, by polling
+        except OSError:  # a read-only folder, or no flock: SQLite alone orders the writers, by polling
             writers = None
         return cls(url, reader, writer, writers)
 
