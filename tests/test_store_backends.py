@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
@@ -342,3 +345,12 @@ async def test_a_write_cancelled_while_waiting_for_the_lock_does_not_wedge_the_w
         assert await db.fetch_one("SELECT name FROM sqlite_master WHERE name = 'never'") is None
     finally:
         await db.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(min_value=datetime(1000, 1, 2), max_value=datetime(9999, 12, 30),
+                    timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)),
+                                               timezone(timedelta(hours=-11))])))
+def test_stored_timestamps_have_one_format_whatever_the_zone(moment: datetime) -> None:
+    """Timestamps compare as text on both stores: always UTC, always microseconds, always `Z`."""
+    assert timestamp(moment) == moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
