@@ -46,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_http import cpu_seconds  # noqa: E402
+
 TARGET_DECISIONS_PER_S = 500.0
 START_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 900.0
@@ -109,12 +111,6 @@ def client_worker(name: str, base: str, first: int, last: int, order: str, seed:
 
 
 # --- the server --------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc/PID/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:

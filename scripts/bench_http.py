@@ -36,7 +36,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,11 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_gate import LEGACY_VERSION, MODERN_META, MODERN_VERSION, TOOL, bench_env, fill_database
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "scripts"), str(REPO)]
+
+from bench_gate import LEGACY_VERSION, MODERN_META, MODERN_VERSION, TOOL, bench_env, fill_database  # noqa: E402
+
+from tests.servers import free_port, knecht_executable  # noqa: E402
+
 BARE_HTTP_SERVER = REPO / "scripts" / "bare_http_server.py"
 HOST = "127.0.0.1"
 TARGET_RATE_RATIO = 0.9
@@ -93,19 +94,6 @@ def quantile(samples: list[float], q: float) -> float:
 
 
 # --- servers -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def knecht_executable() -> str:
-    beside = Path(sys.executable).parent / "mcp-knecht"
-    if not beside.exists():
-        raise SystemExit("bench-http: the mcp-knecht command is not installed beside this python (pip install -e .)")
-    return str(beside)
 
 
 @dataclass

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -35,3 +37,23 @@ async def acli(program: str, env: dict[str, str], *args: str, timeout: float = 6
         done = await anyio.run_process([str(Path(sys.executable).parent / program), *args],
                                        env=server_env(env), check=False, stdin=subprocess.DEVNULL)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+async def racing_approvers(env: dict[str, str], approvers: int, first: int, last: int) -> list[dict[str, Any]]:
+    """`approvers` processes (`tests.approver_worker`), each trying to approve every id in
+    `first..last` at once; their reports (won, recorded, lost) once all are done."""
+    workers = [
+        await anyio.open_process(
+            [sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(first), str(last)],
+            env=server_env(env), cwd=REPO,
+        )
+        for i in range(approvers)
+    ]
+    reports = []
+    with anyio.fail_after(300):
+        for worker in workers:
+            await worker.wait()
+            assert worker.returncode == 0, (await worker.stderr.receive()).decode()  # type: ignore[union-attr]
+            reports.append(json.loads((await worker.stdout.receive()).decode()))  # type: ignore[union-attr]
+            await worker.aclose()
+    return reports

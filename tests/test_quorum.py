@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,8 @@ from mcp_knecht.core.settings import load_settings
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, verify_chain
 from mcp_knecht.store.proposals import SqlProposalRepository
-from tests.conftest import REPO, server_env
 from tests.servers import http_server
-from tests.staging import AGENT, acli
+from tests.staging import AGENT, acli, racing_approvers
 from tests.test_decision_api import _as, _token
 from tests.test_replicas import _effects, shared_env  # noqa: F401  (fixture)
 
@@ -133,20 +131,7 @@ async def test_eight_approver_processes_run_each_proposal_once_after_n_distinct_
     quorum_env: dict[str, str],
 ) -> None:
     ids = await _stage(quorum_env, *(f"three-{n}" for n in range(25)))
-    workers = [
-        await anyio.open_process(
-            [sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(ids[0]), str(ids[-1])],
-            env=server_env(quorum_env), cwd=REPO,
-        )
-        for i in range(8)
-    ]
-    reports = []
-    with anyio.fail_after(300):
-        for worker in workers:
-            await worker.wait()
-            assert worker.returncode == 0, (await worker.stderr.receive()).decode()  # type: ignore[union-attr]
-            reports.append(json.loads((await worker.stdout.receive()).decode()))  # type: ignore[union-attr]
-            await worker.aclose()
+    reports = await racing_approvers(quorum_env, 8, ids[0], ids[-1])
     assert sum(r["won"] for r in reports) == 25 and sum(r["recorded"] for r in reports) == 50
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {f"three-{n}": 1 for n in range(25)}
     db = await open_database(quorum_env["KNECHT_DATABASE_URL"], migrate=False)

@@ -3,9 +3,7 @@ replicas (stateless HTTP) behind no load balancer, the operator's CLI, and one a
 
 from __future__ import annotations
 
-import json
 import secrets
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
@@ -23,9 +21,9 @@ from mcp_knecht.core.settings import load_settings
 from mcp_knecht.knecht import open_store
 from mcp_knecht.knecht.demo import fill_demo_data
 from mcp_knecht.store import open_database
-from tests.conftest import REPO, server_env
+from tests.conftest import REPO
 from tests.servers import http_server
-from tests.staging import AGENT, TEST_TOOLSETS, acli, make_config
+from tests.staging import AGENT, TEST_TOOLSETS, acli, make_config, racing_approvers
 from tests.toolsets import EFFECTS_TABLE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -93,20 +91,7 @@ async def test_racing_approver_processes_execute_each_proposal_exactly_once(shar
             ids.append(staged.data["id"])  # type: ignore[index]
     assert ids == list(range(ids[0], ids[0] + PROPOSALS))
 
-    workers = [
-        await anyio.open_process(
-            [sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(ids[0]), str(ids[-1])],
-            env=server_env(shared_env), cwd=REPO,
-        )
-        for i in range(APPROVERS)
-    ]
-    reports = []
-    with anyio.fail_after(300):
-        for worker in workers:
-            await worker.wait()
-            assert worker.returncode == 0, (await worker.stderr.receive()).decode()  # type: ignore[union-attr]
-            reports.append(json.loads((await worker.stdout.receive()).decode()))  # type: ignore[union-attr]
-            await worker.aclose()
+    reports = await racing_approvers(shared_env, APPROVERS, ids[0], ids[-1])
 
     effects = await _effects(shared_env["KNECHT_DATABASE_URL"])
     assert sorted(effects) == sorted(f"effect-{n}" for n in range(PROPOSALS))

@@ -78,8 +78,9 @@ async def _connect(path: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> aios
     return conn
 
 
-class _SQLiteTransaction:
-    """Driver errors become `StoreError` here, where they enter, as on every backend."""
+class _Reader:
+    """Reads on aiosqlite's thread (one may take long). Driver errors become `StoreError` here, where
+    they enter, as on every backend."""
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
@@ -92,22 +93,6 @@ class _SQLiteTransaction:
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
         return next(iter(await self.fetch_all(sql, params)), None)
-
-    async def execute(self, sql: str, params: Params = ()) -> int:
-        try:
-            cursor = await self._conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
-        return cursor.rowcount
-
-    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
-        try:
-            await self._conn.executemany(sql, rows)
-        except sqlite3.Error as exc:
-            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
-
-    async def lock(self, name: str) -> None:
-        """`BEGIN IMMEDIATE` already holds the database's single write lock."""
 
 
 _INLINE_BATCH = 8
@@ -214,7 +199,7 @@ class SQLiteDatabase:
     def __init__(self, url: str, reader: aiosqlite.Connection, writer: sqlite3.Connection,
                  writers: _WriterQueue | None = None) -> None:
         self.url = url
-        self._reader = _SQLiteTransaction(reader)
+        self._reader = _Reader(reader)
         self._reader_conn = reader
         self._writer = writer
         self._write_lock = anyio.Lock()

@@ -81,7 +81,7 @@ class TokenVerifier:
     async def averify(self, token: str) -> Actor:
         """Verify without blocking the event loop (the JWKS fetch runs in a worker thread). A token
         verified within the last `VERIFIED_CACHE_SECONDS` (and not expired) is not checked again."""
-        if isinstance(token, str) and (actor := self._remembered(token)) is not None:
+        if isinstance(token, str) and len(token) <= MAX_TOKEN_LENGTH and (actor := self._remembered(token)):
             return actor
         header = self._header(token)
         if self._jwks is None:
