@@ -127,6 +127,19 @@ async def test_a_failed_transaction_leaves_nothing_behind(db: Database) -> None:
     assert await db.fetch_all("SELECT * FROM ledger") == [{"id": 1, "amount": 100}]
 
 
+async def test_a_lookup_sees_what_is_committed_and_nothing_of_a_transaction_in_flight(db: Database) -> None:
+    async with db.transaction() as tx:
+        await tx.execute("CREATE TABLE keyed (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+        await tx.execute("INSERT INTO keyed (id, name) VALUES (?, ?)", (1, "committed"))
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO keyed (id, name) VALUES (?, ?)", (2, "in flight"))
+        assert await db.lookup("SELECT name FROM keyed WHERE id = ?", (2,)) == []
+        assert await db.lookup("SELECT name FROM keyed WHERE id = ?", (1,)) == [{"name": "committed"}]
+    assert await db.lookup("SELECT name FROM keyed WHERE id = ?", (2,)) == [{"name": "in flight"}]
+    with pytest.raises(StoreError):
+        await db.lookup("SELECT nothing FROM keyed WHERE id = ?", (1,))
+
+
 async def test_stream_yields_every_row_in_order_in_batches(db: Database) -> None:
     async with db.transaction() as tx:
         await tx.execute("CREATE TABLE numbers (id INTEGER PRIMARY KEY, text TEXT NOT NULL)")
@@ -343,6 +356,27 @@ async def test_a_write_cancelled_while_waiting_for_the_lock_does_not_wedge_the_w
             await tx.execute("CREATE TABLE later (x INTEGER)")
         assert await db.fetch_one("SELECT name FROM sqlite_master WHERE name = 'later'") is not None
         assert await db.fetch_one("SELECT name FROM sqlite_master WHERE name = 'never'") is None
+    finally:
+        await db.close()
+
+
+async def test_the_sqlite_wal_is_checkpointed_although_commits_run_on_the_event_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The writer's automatic checkpoint is off (it would fsync inside a COMMIT on the event loop);
+    a thread checkpoints instead, so the WAL is reused rather than growing with every commit."""
+    from mcp_knecht.store.sqlite import CHECKPOINT_EVERY
+
+    path = tmp_path / "c.db"
+    db = await open_database(f"sqlite:///{path}")
+    try:
+        async with db.transaction() as tx:
+            await tx.execute("CREATE TABLE pages (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        commits = 12 * CHECKPOINT_EVERY
+        for n in range(commits):
+            async with db.transaction() as tx:  # each commit adds at least one 4 KB page to the WAL
+                await tx.execute("INSERT INTO pages (id, body) VALUES (?, ?)", (n, "x" * 3000))
+        wal_pages = (path.with_name("c.db-wal").stat().st_size) // 4096
+        assert wal_pages < 4 * CHECKPOINT_EVERY, f"the WAL grew to {wal_pages} pages over {commits} commits"
+        assert (await db.fetch_one("SELECT COUNT(*) AS n FROM pages")) == {"n": commits}
     finally:
         await db.close()
 

@@ -267,6 +267,9 @@ class PostgresDatabase:
             raise _store_error("Database read failed", exc) from exc
         return dict(row) if row is not None else None
 
+    async def lookup(self, sql: str, params: Params = ()) -> list[Row]:
+        return await self.fetch_all(sql, params)
+
     async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
         """Rows one batch at a time through a server-side cursor (a read-only transaction)."""
         try:

@@ -114,7 +114,7 @@ class SqlProposalRepository:
 
     async def get(self, proposal_id: int) -> Proposal | None:
         """The proposal with its approvals, in one statement (a decision reads it more than once)."""
-        rows = await self._db.fetch_all(_SELECT_WITH_APPROVALS, (proposal_id,))
+        rows = await self._db.lookup(_SELECT_WITH_APPROVALS, (proposal_id,))
         if not rows:
             return None
         found = tuple(approval(row, prefix="approval_") for row in rows if row["approval_person"] is not None)

@@ -1,10 +1,14 @@
-"""SQLite backend (the embedded default): WAL, one reader and one writer connection.
+"""SQLite backend (the embedded default): WAL; a reader, a writer and a lookup connection.
 
-Reads go through aiosqlite's thread, since one may take long. The writer is used from the event
-loop's own thread: a write transaction's statements are microseconds each, while a hop to a driver
-thread and back costs about 50 µs (a decision makes twenty); what can block for long — COMMIT (an
-fsync, a checkpoint) and large batches — runs in a worker thread. One transaction at a time, so the
-connection is never used by two threads at once.
+Reads go through aiosqlite's thread, since one may take long; a `lookup` (a read by key of a few
+rows) runs on the event loop's own thread, where it costs microseconds. The writer is used from the
+event loop's thread too: a write transaction's statements are microseconds each, while a hop to a
+driver thread and back costs about 80 µs of CPU (a decision makes twenty statements). What can block
+for long runs in a worker thread: a durable COMMIT (an fsync), large batches, and checkpoints. The
+writer's automatic checkpoint is off — it would run inside some COMMIT, on the event loop, and
+fsync there — and every few hundred commits the writer checkpoints in a worker thread instead,
+before it lets go of the write lock. One transaction at a time, so the writer is never used by two
+threads at once.
 
 Writes take the lock up front with `BEGIN IMMEDIATE`, so two processes (say, two operators'
 CLIs) never deadlock on a read-to-write upgrade; they wait up to the busy timeout instead.
@@ -23,6 +27,7 @@ and `-shm` files the mode of the database file.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import sqlite3
@@ -44,6 +49,8 @@ try:
     import fcntl
 except ImportError:  # not on Windows: SQLite alone orders the writers there, by polling
     fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 15_000
 """How long a write waits for another process's write lock before the caller hears "store busy"."""
@@ -95,6 +102,39 @@ class _Reader:
         return next(iter(await self.fetch_all(sql, params)), None)
 
 
+class _Lookups:
+    """Reads by key on the event loop's thread (see `Database.lookup`). SQLite answers a WAL read
+    without waiting, except in rare moments (a WAL being recovered): then it says busy at once
+    (busy timeout 0: never a sleep on the event loop) and the read goes to the reader thread."""
+
+    def __init__(self, conn: sqlite3.Connection, fallback: _Reader) -> None:
+        self._conn = conn
+        self._fallback = fallback
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return await self._fallback.fetch_all(sql, params)
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise store_error("sqlite", f"Database statement failed: {exc}") from exc
+
+
+def _open_lookups(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = _dict_row
+    conn.execute("PRAGMA busy_timeout = 0")
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+CHECKPOINT_EVERY = 256
+"""Commits between two checkpoints of the WAL (a commit adds a few pages to it; SQLite's own default
+is a checkpoint per 1,000 pages)."""
+
+
 _INLINE_BATCH = 8
 """An `execute_many` of more rows than this runs in a worker thread (the audit log's group commits:
 milliseconds, which the event loop would otherwise wait through)."""
@@ -142,6 +182,7 @@ def _open_writer(path: str) -> sqlite3.Connection:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA synchronous = NORMAL")  # see `_connect`
         conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")  # `_checkpoint` does it, off the event loop
     except BaseException:
         conn.close()
         raise
@@ -197,13 +238,16 @@ class SQLiteDatabase:
     dialect = "sqlite"
 
     def __init__(self, url: str, reader: aiosqlite.Connection, writer: sqlite3.Connection,
-                 writers: _WriterQueue | None = None) -> None:
+                 lookups: sqlite3.Connection, writers: _WriterQueue | None = None) -> None:
         self.url = url
         self._reader = _Reader(reader)
         self._reader_conn = reader
+        self._lookups = _Lookups(lookups, self._reader)
+        self._lookups_conn = lookups
         self._writer = writer
         self._write_lock = anyio.Lock()
         self._writers = writers
+        self._commits = 0
 
     @classmethod
     async def open(cls, url: str) -> SQLiteDatabase:
@@ -223,16 +267,27 @@ class SQLiteDatabase:
             writer.close()
             raise
         try:
+            lookups = await anyio.to_thread.run_sync(_open_lookups, str(path))
+        except BaseException as exc:
+            await reader.close()
+            writer.close()
+            if isinstance(exc, sqlite3.Error):
+                raise store_error("sqlite", f"Cannot open SQLite database {path}: {exc}") from exc
+            raise
+        try:
             writers: _WriterQueue | None = _WriterQueue(path)
         except OSError:  # a read-only folder, or no flock: SQLite alone orders the writers, by polling
             writers = None
-        return cls(url, reader, writer, writers)
+        return cls(url, reader, writer, lookups, writers)
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
         return await self._reader.fetch_all(sql, params)
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
         return await self._reader.fetch_one(sql, params)
+
+    async def lookup(self, sql: str, params: Params = ()) -> list[Row]:
+        return await self._lookups.fetch_all(sql, params)
 
     async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
         """Rows one batch at a time on a private connection, so a huge result never sits in memory."""
@@ -251,7 +306,7 @@ class SQLiteDatabase:
             if durable:
                 self._writer.execute("PRAGMA synchronous = FULL")
             try:
-                async with self._in_transaction():
+                async with self._in_transaction(durable):
                     yield _WriterTransaction(self._writer)
             finally:
                 if durable:
@@ -290,7 +345,7 @@ class SQLiteDatabase:
             pause = min(pause * 1.5, _LOCK_POLL_MAX)
 
     @asynccontextmanager
-    async def _in_transaction(self) -> AsyncIterator[None]:
+    async def _in_transaction(self, durable: bool) -> AsyncIterator[None]:
         try:
             queued = await self._begin()
         except StoreBusyError:
@@ -309,16 +364,34 @@ class SQLiteDatabase:
             except BaseException:
                 self._writer.execute("ROLLBACK")
                 raise
-            try:  # the one step that may wait on the disk: off the event loop
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._writer.execute, "COMMIT")
+            try:
+                if durable:  # it waits for the disk (fsync): off the event loop
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._writer.execute, "COMMIT")
+                else:  # writes the WAL into the page cache: microseconds (no checkpoint: see the module)
+                    self._writer.execute("COMMIT")
             except sqlite3.Error as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self._writer.execute("ROLLBACK")
                 raise store_error("sqlite", f"Commit failed: {exc}") from exc
+            self._commits += 1
+            if self._commits >= CHECKPOINT_EVERY:
+                self._commits = 0
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._checkpoint)
         finally:
             if queued:
                 self._writers.release()  # type: ignore[union-attr]
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database file, still holding the write lock: nothing is appended
+        meanwhile, so the checkpoint can finish and the next writer starts the WAL from its
+        beginning again (a checkpoint racing the writers would never catch up, and the WAL would
+        grow for as long as writes go on)."""
+        try:
+            self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:  # the next one tries again; the WAL only grows meanwhile
+            logger.warning("SQLite checkpoint of %s failed: %s", self.url, exc)
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -328,6 +401,7 @@ class SQLiteDatabase:
                 await anyio.to_thread.run_sync(self._writer.executescript,
                                                "PRAGMA analysis_limit = 1000; PRAGMA optimize;")
             await self._reader_conn.close()
+            self._lookups_conn.close()
             self._writer.close()
             if self._writers is not None:
                 self._writers.close()

@@ -1,0 +1,308 @@
+"""The floor under a decision: the same commits a decision makes, with nothing of mcp-knecht around them.
+
+    python scripts/bench_decision_floor.py [--proposals 2000] [--approvers 8] [--order lockstep|shuffled]
+                                           [--db postgresql://…] [--json]
+
+What does a decided-and-executed proposal cost at the least, on this machine, in Python? Each of K
+racing processes tries every proposal (as `bench_approvals.py` does) with the bare driver — `sqlite3`
+for SQLite, `asyncpg` for PostgreSQL — and only the statements a decision cannot do without:
+
+    read the proposal; pending? ──no──▶ lost (nothing written)
+    claim    one durable transaction: lock, re-read, insert the approval, UPDATE … WHERE status =
+             'pending', the audit row; SQLite: `synchronous = FULL` for this commit
+    effect   the tool's own write (one row) and its audit row, committed
+    finish   UPDATE … SET status = 'succeeded' and its audit row, committed (not flushed)
+
+No seals, no hash chain, no gate, no validation, no event loop on SQLite, no notification outbox:
+every cost mcp-knecht adds is left out, so no implementation of these guarantees in Python on these
+cores can decide faster than this. SQLite writers queue on a `flock` (as the store does); PostgreSQL
+claims with `SELECT … FOR UPDATE`. Baseline in the same run: one process alone. Prints decisions/s,
+CPU per decision, and the disk's `fdatasync` rate beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import random
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from scripts.bench_approvals import fsync_rate  # noqa: E402
+
+SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS floor_proposals (id INTEGER PRIMARY KEY, status TEXT NOT NULL,"
+    " decided_by TEXT, decided_at TEXT, finished_at TEXT, arguments_json TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS floor_approvals (id INTEGER PRIMARY KEY, proposal_id INTEGER NOT NULL,"
+    " operator TEXT NOT NULL, approved_at TEXT NOT NULL, UNIQUE (proposal_id, operator))",
+    "CREATE TABLE IF NOT EXISTS floor_audit (id INTEGER PRIMARY KEY, at TEXT NOT NULL, subject TEXT NOT NULL,"
+    " outcome TEXT NOT NULL, proposal_id INTEGER, detail_json TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS floor_effects (id INTEGER PRIMARY KEY, label TEXT NOT NULL)",
+]
+PG_SCHEMA = [s.replace("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY") for s in SCHEMA]
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+
+def _order(first: int, last: int, seed: int | None) -> list[int]:
+    ids = list(range(first, last + 1))
+    if seed is not None:
+        random.Random(seed).shuffle(ids)
+    return ids
+
+
+# --- SQLite: the sqlite3 module, no event loop -------------------------------------------------
+
+
+class _SQLiteWriter:
+    def __init__(self, path: str) -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA busy_timeout = 15000")
+        self.queue = os.open(f"{path}-floor-writers", os.O_RDWR | os.O_CREAT, 0o600)
+
+    def transaction(self, statements: list[tuple[str, tuple[Any, ...]]], *, durable: bool,
+                    guard: tuple[str, tuple[Any, ...]] | None = None) -> bool:
+        """Run `statements` in one write transaction; `guard` (a SELECT) must return 'pending' first."""
+        fcntl.flock(self.queue, fcntl.LOCK_EX)
+        try:
+            if durable:
+                self.conn.execute("PRAGMA synchronous = FULL")
+            self.conn.execute("BEGIN IMMEDIATE")
+            if guard is not None and self.conn.execute(*guard).fetchone()[0] != "pending":
+                self.conn.execute("ROLLBACK")
+                return False
+            for sql, params in statements:
+                self.conn.execute(sql, params)
+            self.conn.execute("COMMIT")
+            return True
+        finally:
+            if durable:
+                self.conn.execute("PRAGMA synchronous = NORMAL")
+            fcntl.flock(self.queue, fcntl.LOCK_UN)
+
+
+def sqlite_worker(path: str, name: str, first: int, last: int, seed: int | None) -> dict[str, Any]:
+    writer = _SQLiteWriter(path)
+    reader = sqlite3.connect(path, isolation_level=None)
+    won = lost = 0
+    started, cpu = time.perf_counter(), _cpu_seconds()
+    for pid in _order(first, last, seed):
+        if reader.execute("SELECT status FROM floor_proposals WHERE id = ?", (pid,)).fetchone()[0] != "pending":
+            lost += 1
+            continue
+        now = _now()
+        claimed = writer.transaction([
+            ("INSERT INTO floor_approvals (proposal_id, operator, approved_at) VALUES (?, ?, ?)", (pid, name, now)),
+            ("UPDATE floor_proposals SET status = 'executing', decided_by = ?, decided_at = ?"
+             " WHERE id = ? AND status = 'pending'", (name, now, pid)),
+            ("INSERT INTO floor_audit (at, subject, outcome, proposal_id, detail_json) VALUES (?, ?, ?, ?, ?)",
+             (now, name, "approved", pid, json.dumps({"approvals": [name]}))),
+        ], durable=True, guard=("SELECT status FROM floor_proposals WHERE id = ?", (pid,)))
+        if not claimed:
+            lost += 1
+            continue
+        arguments = json.loads(reader.execute("SELECT arguments_json FROM floor_proposals WHERE id = ?",
+                                              (pid,)).fetchone()[0])
+        writer.transaction([
+            ("INSERT INTO floor_effects (label) VALUES (?)", (arguments["label"],)),
+            ("INSERT INTO floor_audit (at, subject, outcome, proposal_id, detail_json) VALUES (?, ?, ?, ?, ?)",
+             (now, "proposer", "ran", pid, "{}")),
+        ], durable=False)
+        writer.transaction([
+            ("UPDATE floor_proposals SET status = 'succeeded', finished_at = ? WHERE id = ? AND status = 'executing'",
+             (_now(), pid)),
+            ("INSERT INTO floor_audit (at, subject, outcome, proposal_id, detail_json) VALUES (?, ?, ?, ?, ?)",
+             (now, name, "executed", pid, "{}")),
+        ], durable=False)
+        won += 1
+    return {"won": won, "lost": lost, "seconds": time.perf_counter() - started, "cpu_seconds": _cpu_seconds() - cpu}
+
+
+def sqlite_stage(path: str, count: int, tag: str) -> tuple[int, int]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    for statement in SCHEMA:
+        conn.execute(statement)
+    conn.execute("BEGIN")
+    ids = [conn.execute("INSERT INTO floor_proposals (status, arguments_json) VALUES ('pending', ?) RETURNING id",
+                        (json.dumps({"label": f"{tag}-{n}"}),)).fetchone()[0] for n in range(count)]
+    conn.execute("COMMIT")
+    conn.close()
+    return min(ids), max(ids)
+
+
+def sqlite_effects(path: str, tag: str) -> dict[str, int]:
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT label, COUNT(*) FROM floor_effects WHERE label LIKE ? GROUP BY label",
+                        (f"{tag}-%",)).fetchall()
+    conn.close()
+    return dict(rows)
+
+
+# --- PostgreSQL: asyncpg, the driver the store uses ----------------------------------------------
+
+
+async def pg_worker(url: str, name: str, first: int, last: int, seed: int | None) -> dict[str, Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    won = lost = 0
+    started, cpu = time.perf_counter(), _cpu_seconds()
+    audit = "INSERT INTO floor_audit (at, subject, outcome, proposal_id, detail_json) VALUES ($1, $2, $3, $4, $5)"
+    for pid in _order(first, last, seed):
+        if await conn.fetchval("SELECT status FROM floor_proposals WHERE id = $1", pid) != "pending":
+            lost += 1
+            continue
+        now = _now()
+        async with conn.transaction():
+            if await conn.fetchval("SELECT status FROM floor_proposals WHERE id = $1 FOR UPDATE", pid) != "pending":
+                lost += 1
+                continue
+            await conn.execute("INSERT INTO floor_approvals (proposal_id, operator, approved_at) VALUES ($1, $2, $3)",
+                               pid, name, now)
+            await conn.execute("UPDATE floor_proposals SET status = 'executing', decided_by = $1, decided_at = $2"
+                               " WHERE id = $3 AND status = 'pending'", name, now, pid)
+            await conn.execute(audit, now, name, "approved", pid, json.dumps({"approvals": [name]}))
+        arguments = json.loads(await conn.fetchval("SELECT arguments_json FROM floor_proposals WHERE id = $1", pid))
+        async with conn.transaction():
+            await conn.execute("INSERT INTO floor_effects (label) VALUES ($1)", arguments["label"])
+            await conn.execute(audit, now, "proposer", "ran", pid, "{}")
+        async with conn.transaction():
+            await conn.execute("UPDATE floor_proposals SET status = 'succeeded', finished_at = $1"
+                               " WHERE id = $2 AND status = 'executing'", _now(), pid)
+            await conn.execute(audit, now, name, "executed", pid, "{}")
+        won += 1
+    result = {"won": won, "lost": lost, "seconds": time.perf_counter() - started, "cpu_seconds": _cpu_seconds() - cpu}
+    await conn.close()
+    return result
+
+
+async def pg_stage(url: str, count: int, tag: str) -> tuple[int, int]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        for statement in PG_SCHEMA:
+            await conn.execute(statement)
+        rows = await conn.fetch(
+            "INSERT INTO floor_proposals (status, arguments_json) SELECT 'pending',"
+            " json_build_object('label', $1 || '-' || n)::text FROM generate_series(0, $2 - 1) AS n RETURNING id",
+            tag, count)
+        ids = [row["id"] for row in rows]
+        return min(ids), max(ids)
+    finally:
+        await conn.close()
+
+
+async def pg_effects(url: str, tag: str) -> dict[str, int]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT label, COUNT(*) AS n FROM floor_effects WHERE label LIKE $1 GROUP BY label",
+                                f"{tag}-%")
+        return {row["label"]: row["n"] for row in rows}
+    finally:
+        await conn.close()
+
+
+# --- the race ------------------------------------------------------------------------------------
+
+
+def _race(db: str, approvers: int, first: int, last: int, shuffled: bool) -> list[dict[str, Any]]:
+    workers = [subprocess.Popen([sys.executable, __file__, "--worker", db, f"operator-{i}", str(first), str(last),
+                                 str(i) if shuffled else "-"], stdout=subprocess.PIPE, text=True)
+               for i in range(approvers)]
+    reports = []
+    for worker in workers:
+        out, _ = worker.communicate(timeout=900)
+        if worker.returncode != 0:
+            raise SystemExit("a floor approver failed")
+        reports.append(json.loads(out))
+    return reports
+
+
+def run(proposals: int, approvers: int, db_url: str | None, order: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        db = db_url or str(Path(folder) / "floor.db")
+        postgres = db.startswith("postgres")
+        tag = f"floor{time.time_ns()}"
+        if postgres:
+            stage = lambda n, t: asyncio.run(pg_stage(db, n, t))  # noqa: E731
+            effects = lambda t: asyncio.run(pg_effects(db, t))  # noqa: E731
+        else:
+            stage, effects = (lambda n, t: sqlite_stage(db, n, t)), (lambda t: sqlite_effects(db, t))
+        solo_range, race_range = stage(proposals, f"{tag}solo"), stage(proposals, f"{tag}race")
+        fsyncs = fsync_rate(folder)
+        solo = _race(db, 1, *solo_range, shuffled=False)[0]
+        reports = _race(db, approvers, *race_range, shuffled=order == "shuffled")
+        counted = effects(f"{tag}race")
+    won = sum(r["won"] for r in reports)
+    race_seconds = max(r["seconds"] for r in reports)
+    return {
+        "database": "postgresql" if postgres else "sqlite", "proposals": proposals, "approvers": approvers,
+        "order": order, "cpus": os.cpu_count(), "fdatasync_per_s": round(fsyncs),
+        "baseline_decisions_per_s": round(proposals / solo["seconds"], 1),
+        "baseline_cpu_ms_per_decision": round(solo["cpu_seconds"] / proposals * 1000, 3),
+        "race_decisions_per_s": round(won / race_seconds, 1),
+        "race_cpu_ms_per_decision": round(sum(r["cpu_seconds"] for r in reports) / max(won, 1) * 1000, 3),
+        "ratio_race_to_baseline": round((won / race_seconds) / (proposals / solo["seconds"]), 2),
+        "double_executions": sum(1 for n in counted.values() if n > 1),
+        "missing_executions": proposals - len(counted),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
+        db, name, first, last, seed = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        shuffle_seed = None if seed == "-" else int(seed)
+        if db.startswith("postgres"):
+            result = asyncio.run(pg_worker(db, name, first, last, shuffle_seed))
+        else:
+            result = sqlite_worker(db, name, first, last, shuffle_seed)
+        print(json.dumps(result))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--proposals", type=int, default=2000)
+    parser.add_argument("--approvers", type=int, default=8)
+    parser.add_argument("--order", choices=("lockstep", "shuffled"), default="lockstep")
+    parser.add_argument("--db", help="a PostgreSQL URL (default: a temporary SQLite file)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = run(args.proposals, args.approvers, args.db, args.order)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"floor: bare {'asyncpg' if result['database'] == 'postgresql' else 'sqlite3'}, the commits of a decision"
+          f" and nothing else  ({result['cpus']} cpus; {result['fdatasync_per_s']} fdatasync/s)")
+    print(f"1 approver            {result['baseline_decisions_per_s']:>8} decisions/s"
+          f"  ({result['baseline_cpu_ms_per_decision']} ms CPU per decision)")
+    print(f"{args.approvers} racing, {args.order:<9} {result['race_decisions_per_s']:>8} decisions/s"
+          f"  ({result['race_cpu_ms_per_decision']} ms CPU per decision won, all approvers;"
+          f" ratio {result['ratio_race_to_baseline']}x)")
+    print(f"double executions     {result['double_executions']}    missing {result['missing_executions']}")
+
+
+if __name__ == "__main__":
+    main()
