@@ -152,6 +152,8 @@ _SECRETY = st.sampled_from([
     "private-key", "credential", "key", "keys", "monkey", "pass", "=", ":", " ", '"', "'", "\\", "\n", "\t",
     "AKIAIOSFODNN7EXAMPLE", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "eyJhbGciOi.eyJzdWIiOi.c2lnbmF0",
     "://u:p@h", "s3cr3t-value", "abc", "ΣΑΣ", "İ", "\ud800", "null",
+    "\u212a", "\u0131", "\u017f", "-----BEGİN RSA PR\u0131VATE KEY-----", "-----begin private key-----", "xoxb-",
+    "https://user:pw@host", "glpat-", "github_pat_",
 ])
 _TEXT = st.lists(st.one_of(_SECRETY, st.text(max_size=6)), max_size=8).map("".join)
 _JSON = st.recursive(
@@ -176,6 +178,40 @@ def test_rendering_in_one_scan_gives_what_masking_value_by_value_gives(
     data, text = scrubber.render(value)
     assert data == scrubber.data(value)
     assert json.loads(text) == data
+
+
+@settings(max_examples=600, deadline=None)
+@given(_TEXT, st.sampled_from([(), ("s3cr3t-value",), ("abc", "s3cr3t-value")]))
+def test_a_text_the_prefilter_passes_is_one_the_precise_checks_leave_alone(
+        text: str, literals: tuple[str, ...]) -> None:
+    scrubber = Scrubber(literals)
+    if scrubber._clean(text):
+        assert scrubber._masked(text, frozenset()) == text
+
+
+@settings(max_examples=600, deadline=None)
+@given(_JSON, st.sampled_from([(), ("s3cr3t-value",), ("abc", "s3cr3t-value")]))
+def test_a_result_the_prefilter_passes_is_one_the_precise_scan_passes(
+        value: object, literals: tuple[str, ...]) -> None:
+    import orjson
+
+    scrubber = Scrubber(literals)
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        return  # not plain JSON: walked without a scan
+    if scrubber._prefilter.search(text.encode()) is None:
+        assert scrubber._plain_text(text) == text
+
+
+def test_the_prefilter_finds_each_kind_of_secret_and_passes_ordinary_text() -> None:
+    scrubber = Scrubber({"s3cr3t-value", "abc"})
+    for dirty in ("the s3cr3t-value", "x abc y", "PassWord: x", "AKIAIOSFODNN7EXAMPLE", "postgres://u:pw@db/x",
+                  "-----BEGIN RSA PRIVATE KEY-----", "-----BEGİN PRIVATE KEY-----", "api\u212aey=1", 'a \\ b'):
+        assert not scrubber._clean(dirty), dirty
+    clean = '{"slug":"payments-api","url":"https://git.acme.internal/a.git","branch":"feature/idempotency-keys"}'
+    assert scrubber._clean(clean)
+    assert not Scrubber({"\ud800abc"})._clean(clean)  # no prefilter for an unencodable literal: precise checks
 
 
 def test_a_clean_result_is_rendered_in_one_scan_and_a_secret_in_it_is_still_masked() -> None:
