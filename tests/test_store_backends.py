@@ -360,23 +360,26 @@ async def test_a_write_cancelled_while_waiting_for_the_lock_does_not_wedge_the_w
         await db.close()
 
 
-async def test_the_sqlite_wal_is_checkpointed_although_commits_run_on_the_event_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("commits", "rows_per_commit"), [(12 * 256, 1), (40, 500)],
+                         ids=["many small commits", "a few group commits"])
+async def test_the_sqlite_wal_is_checkpointed_although_commits_run_on_the_event_loop(
+        tmp_path, commits: int, rows_per_commit: int) -> None:  # type: ignore[no-untyped-def]
     """The writer's automatic checkpoint is off (it would fsync inside a COMMIT on the event loop);
-    a thread checkpoints instead, so the WAL is reused rather than growing with every commit."""
-    from mcp_knecht.store.sqlite import CHECKPOINT_EVERY
-
+    the writer checkpoints in a thread instead, so the WAL is reused rather than growing with every
+    commit — after many small commits, and after a few large ones (the audit log's group commits)."""
     path = tmp_path / "c.db"
     db = await open_database(f"sqlite:///{path}")
     try:
         async with db.transaction() as tx:
             await tx.execute("CREATE TABLE pages (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
-        commits = 12 * CHECKPOINT_EVERY
         for n in range(commits):
-            async with db.transaction() as tx:  # each commit adds at least one 4 KB page to the WAL
-                await tx.execute("INSERT INTO pages (id, body) VALUES (?, ?)", (n, "x" * 3000))
+            async with db.transaction() as tx:  # each row is most of a 4 KB page
+                await tx.execute_many("INSERT INTO pages (id, body) VALUES (?, ?)",
+                                      [(n * rows_per_commit + i, "x" * 3000) for i in range(rows_per_commit)])
         wal_pages = (path.with_name("c.db-wal").stat().st_size) // 4096
-        assert wal_pages < 4 * CHECKPOINT_EVERY, f"the WAL grew to {wal_pages} pages over {commits} commits"
-        assert (await db.fetch_one("SELECT COUNT(*) AS n FROM pages")) == {"n": commits}
+        written = commits * rows_per_commit
+        assert wal_pages < 3000, f"the WAL grew to {wal_pages} pages over {written} rows"
+        assert (await db.fetch_one("SELECT COUNT(*) AS n FROM pages")) == {"n": written}
     finally:
         await db.close()
 

@@ -6,8 +6,8 @@ event loop's thread too: a write transaction's statements are microseconds each,
 driver thread and back costs about 80 µs of CPU (a decision makes twenty statements). What can block
 for long runs in a worker thread: a durable COMMIT (an fsync), large batches, and checkpoints. The
 writer's automatic checkpoint is off — it would run inside some COMMIT, on the event loop, and
-fsync there — and every few hundred commits the writer checkpoints in a worker thread instead,
-before it lets go of the write lock. One transaction at a time, so the writer is never used by two
+fsync there — and every few hundred commits (or thousand rows) the writer checkpoints in a worker
+thread instead, before it lets go of the write lock. One transaction at a time, so the writer is never used by two
 threads at once.
 
 Writes take the lock up front with `BEGIN IMMEDIATE`, so two processes (say, two operators'
@@ -131,8 +131,11 @@ def _open_lookups(path: str) -> sqlite3.Connection:
 
 
 CHECKPOINT_EVERY = 256
-"""Commits between two checkpoints of the WAL (a commit adds a few pages to it; SQLite's own default
-is a checkpoint per 1,000 pages)."""
+"""Commits between two checkpoints of the WAL, at most (a decision's commit adds a few pages)."""
+CHECKPOINT_ROWS = 2_000
+"""Rows written between two checkpoints, at most: a group commit of audit rows adds many pages in one
+commit. (SQLite's own automatic checkpoint comes every 1,000 pages; 2,000 audit rows fill about as
+many.)"""
 
 
 _INLINE_BATCH = 8
@@ -248,6 +251,7 @@ class SQLiteDatabase:
         self._write_lock = anyio.Lock()
         self._writers = writers
         self._commits = 0
+        self._rows_at_checkpoint = 0
 
     @classmethod
     async def open(cls, url: str) -> SQLiteDatabase:
@@ -375,8 +379,9 @@ class SQLiteDatabase:
                     self._writer.execute("ROLLBACK")
                 raise store_error("sqlite", f"Commit failed: {exc}") from exc
             self._commits += 1
-            if self._commits >= CHECKPOINT_EVERY:
-                self._commits = 0
+            rows = self._writer.total_changes
+            if self._commits >= CHECKPOINT_EVERY or rows - self._rows_at_checkpoint >= CHECKPOINT_ROWS:
+                self._commits, self._rows_at_checkpoint = 0, rows
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self._checkpoint)
         finally:
