@@ -14,7 +14,7 @@ by idleness (`KNECHT_SESSION_IDLE_TIMEOUT`): one subject cannot fill the table f
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -30,11 +30,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.auth import TokenVerifier
+from mcp_knecht.core.auth.verifier import VERIFIED_CACHE_SIZE
 from mcp_knecht.core.validation import label
 from mcp_knecht.errors import AuthError, ConfigError
 from mcp_knecht.transports.ai_routes import ai_routes
@@ -57,6 +58,7 @@ class _SdkTokenVerifier:
 
     def __init__(self, verifier: TokenVerifier) -> None:
         self._verifier = verifier
+        self._built: OrderedDict[str, tuple[Actor, AccessToken]] = OrderedDict()
 
     async def verify_token(self, token: str) -> AccessToken | None:
         try:
@@ -64,6 +66,19 @@ class _SdkTokenVerifier:
         except AuthError as exc:
             note_refusal(exc.message)
             return None
+        # The same Actor object as last time means the verifier's cache vouched for the token again:
+        # its AccessToken is the same too (a pydantic model: building one is 20 µs a request).
+        built = self._built.get(token)
+        if built is not None and built[0] is actor:
+            return built[1]
+        access = self._access_token(token, actor)
+        self._built[token] = (actor, access)
+        while len(self._built) > VERIFIED_CACHE_SIZE:
+            self._built.popitem(last=False)
+        return access
+
+    @staticmethod
+    def _access_token(token: str, actor: Actor) -> AccessToken:
         exp = actor.claims.get("exp")
         return AccessToken(
             token=token,
@@ -120,12 +135,27 @@ class SessionLimit:
             await _too_many(subject, self._per_subject)(scope, receive, send)
             return
         self._opening[subject] += 1  # counted before any await: concurrent openings see each other
+        counted = True
+
+        def uncount() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self._opening[subject] -= 1
+                if not self._opening[subject]:
+                    del self._opening[subject]
+
+        async def send_uncounting(message: Message) -> None:
+            # The SDK has put the new session into its table before it answers: from here on the
+            # session is counted there (the client may send its next request before this call returns).
+            if message["type"] == "http.response.start":
+                uncount()
+            await send(message)
+
         try:
-            await self._app(scope, receive, send)
+            await self._app(scope, receive, send_uncounting)
         finally:
-            self._opening[subject] -= 1
-            if not self._opening[subject]:
-                del self._opening[subject]
+            uncount()
 
 
 def _opening_subject(scope: Scope) -> str | None:
