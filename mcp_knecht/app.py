@@ -7,12 +7,12 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 
-from mcp_knecht.ai.runtime import AI_MIGRATIONS, AiRuntime
 from mcp_knecht.ai.settings import load_ai_settings
-from mcp_knecht.chat import ChatService
+from mcp_knecht.ai.tables import AI_MIGRATIONS
 from mcp_knecht.core.approval import ApprovalService
 from mcp_knecht.core.audit import Observer
 from mcp_knecht.core.changes import ChangeFeed
@@ -29,12 +29,17 @@ from mcp_knecht.core.staging import ProposalStager
 from mcp_knecht.core.tools import Tool
 from mcp_knecht.core.toolset import Toolset, ToolsetContext, build_toolset, load_factory
 from mcp_knecht.errors import ConfigError
+from mcp_knecht.features import Features
 from mcp_knecht.notify import OutboxWriter, notification_worker
 from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, AuditLog
 from mcp_knecht.store.changes import open_change_feed
 from mcp_knecht.store.migrations import apply_migrations
 from mcp_knecht.store.proposals import SqlProposalRepository
+
+if TYPE_CHECKING:
+    from mcp_knecht.ai.runtime import AiRuntime
+    from mcp_knecht.chat import ChatService
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +68,18 @@ class App:
     toolsets: tuple[Toolset, ...]
     keys: ServerKeys
     approvals: ApprovalService
-    ai: AiRuntime
-    """AI features over this gate (issue 14): model roles, the loop, the failure diagnosis."""
-    chat: ChatService
-    """The chat (issue 15): owned conversations over the gate, and the follow-up after each decision."""
+    features: Features
+    """The AI runtime and the chat, built on first use (`mcp_knecht.features`)."""
+
+    @property
+    def ai(self) -> AiRuntime:
+        """AI features over this gate (issue 14): model roles, the loop, the failure diagnosis."""
+        return self.features.ai
+
+    @property
+    def chat(self) -> ChatService:
+        """The chat (issue 15): owned conversations over the gate, and the follow-up after each decision."""
+        return self.features.chat
 
     @property
     def instructions(self) -> str:
@@ -130,13 +143,12 @@ async def assemble(
                 hash_arguments=lambda text: keys.mac("arguments", text), observe=observe)
     # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
     watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
-    ai = AiRuntime.create(ai_settings, gate=gate, db=db, secrets=secrets)
-    if ai.serves_diagnosis:  # the AI layer's tables, where there are runs to diagnose
+    features = Features(ai_settings, gate=gate, db=db, audit=audit, proposals=proposals, changes=changes,
+                        secrets=secrets)
+    if features.serves_diagnosis:  # the AI layer's tables, where there are runs to diagnose
         await apply_migrations(db, AI_MIGRATIONS)
-    chat = ChatService(db=db, gate=gate, audit=audit, proposals=proposals, changes=changes, models=ai.models,
-                       scrub=secrets, timeout=ai_settings.timeout)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,
-               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys), ai, chat)
+               changes, tuple(toolsets), keys, ApprovalService(proposals, gate, audit, keys), features)
 
 
 EXPIRY_SWEEP_SECONDS = 30.0
@@ -174,8 +186,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.start_soon(app.policy.watch)
                 tasks.start_soon(app.watcher.run)
                 tasks.start_soon(_expire_proposals, app)
-                tasks.start_soon(app.ai.run)  # on-demand diagnoses; the worker when a model is set
-                tasks.start_soon(app.chat.followups.run)  # the chat's follow-ups, when a model is set
+                tasks.start_soon(app.features.run)  # with a model: diagnoses, the chat's follow-ups
             if notifications is not None:
                 tasks.start_soon(notifications)
             try:
@@ -186,7 +197,7 @@ async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
                 tasks.cancel_scope.cancel()
                 await audit.aclose()
                 await app.close_toolsets()
-                await app.ai.aclose()
+                await app.features.aclose()
         if failure is not None:
             raise failure
     finally:

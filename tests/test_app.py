@@ -61,3 +61,34 @@ async def test_a_toolset_path_that_does_not_resolve_is_a_clear_error(app_env: di
         with pytest.raises(ConfigError, match=message):
             async with open_app(load_settings(env={**app_env, "KNECHT_TOOLSETS": spec})):
                 pass
+
+
+_IMPORTED_FEATURES = """
+import sys, anyio
+from mcp_knecht.app import open_app
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.settings import load_settings
+
+async def main():
+    async with open_app(load_settings()) as app:
+        reader = Actor("dave", "test", frozenset({"projects:read", "runs:read"}))
+        assert not (await app.gate.call_tool(reader, "list_projects", {})).is_error
+        before = sorted(name for name in ("mcp_knecht.ai.runtime", "mcp_knecht.chat") if name in sys.modules)
+        app.chat  # a route asks for it: built now
+        after = sorted(name for name in ("mcp_knecht.ai.runtime", "mcp_knecht.chat") if name in sys.modules)
+        print(before, after)
+
+anyio.run(main)
+"""
+
+
+def test_a_server_without_a_model_never_imports_the_ai_features_or_the_chat(demo_env: dict[str, str]) -> None:
+    """They cost a stdio server's cold start about 35 ms; nothing it serves needs them."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, server_env
+
+    result = subprocess.run([sys.executable, "-c", _IMPORTED_FEATURES], env=server_env(demo_env), cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[] ['mcp_knecht.ai.runtime', 'mcp_knecht.chat']"

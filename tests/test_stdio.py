@@ -76,3 +76,29 @@ async def test_a_stdio_session_does_not_outlive_its_token(demo_env: dict[str, st
         late = await client.call_tool("list_projects", {})
         assert late.is_error and "expired" in late.content[0].text and "token mint" in late.content[0].text
         assert (await client.list_tools()).tools == []
+
+
+_SERVE_THEN_REPORT = """
+import sys
+from mcp_knecht.cli.main import main
+code = main(["serve"])  # stdin is empty: it serves until EOF
+import jwt.algorithms
+print(code, jwt.algorithms.has_crypto, "cryptography.x509" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_stdio_server_with_a_secret_loads_pyjwt_without_cryptography(demo_env: dict[str, str],
+                                                                       mint: Callable[..., str]) -> None:
+    """HS256 needs only `hmac`: pyjwt is loaded as it runs without its `crypto` extra, 20 ms less of the
+    cold start a client waits for at every launch (the SDK itself loads only `cryptography.exceptions`).
+    The token is verified all the same."""
+    import sys
+
+    def serve(token: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _SERVE_THEN_REPORT], env=server_env(demo_env, KNECHT_TOKEN=token),
+                              input="", capture_output=True, text=True, timeout=60)
+
+    token = mint("dave", ["projects:read"])
+    assert serve(token).stderr.strip().splitlines()[-1] == "0 False False"
+    forged = serve(token[:-4] + "AAAA")
+    assert "refused" in forged.stderr and forged.stderr.strip().splitlines()[-1].startswith("2 ")

@@ -21,6 +21,7 @@ from mcp_knecht.ai import diagnoses
 from mcp_knecht.ai.errors import FeatureError, FeatureUnavailable
 from mcp_knecht.ai.feature import Feature, FeatureResult, Output
 from mcp_knecht.ai.models import ModelResolver
+from mcp_knecht.ai.tables import DIAGNOSIS_TOOLS
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.clock import timestamp
 from mcp_knecht.core.database import Database
@@ -77,7 +78,7 @@ FAILURE_DIAGNOSIS = Feature(
         "cache. Stop as soon as you know the cause. Answer with one or two plain sentences: the cause and the "
         "most likely fix; and the ids of the actions whose logs show the cause. Never quote secrets."
     ),
-    tools=("get_run", "get_action_log", "get_run_log", "get_workflow"),
+    tools=DIAGNOSIS_TOOLS,
     output=DiagnosisOutput,
     max_steps=4,
 )

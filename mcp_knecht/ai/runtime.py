@@ -29,12 +29,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.clock import timestamp
 from mcp_knecht.core.database import Database
 from mcp_knecht.core.gate import Gate
-from mcp_knecht.core.schema import Migrations
 from mcp_knecht.core.scrub import SecretRegistry
-
-AI_MIGRATIONS = Migrations("ai", "mcp_knecht.ai")
-"""`ai_feature_runs` (mcp_knecht/ai/sql/<dialect>/). The diagnoses (`run_diagnoses`) are per-run state,
-declared by the Knecht toolset's own migrations beside its runs."""
 
 
 class AiRuntime:

@@ -58,6 +58,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     log_format = args.log_format or settings.log_format
     token_settings = _token_settings(settings)
+    if args.transport == "stdio" and token_settings.key_kind == "secret":
+        from mcp_knecht.core.auth.hmac_only import import_jwt_without_cryptography
+
+        import_jwt_without_cryptography()  # 20 ms of the cold start a client waits for at every launch
     from mcp_knecht.core.auth import TokenVerifier
 
     verifier = TokenVerifier(token_settings)

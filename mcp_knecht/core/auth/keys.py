@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
-
-from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
-from cryptography.x509 import load_pem_x509_certificate
 
 from mcp_knecht.core import settings as declared
 from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
 from mcp_knecht.core.settings import DEFAULT_AUDIENCE, DEFAULT_ISSUER, Settings
 from mcp_knecht.errors import ConfigError
+
+if TYPE_CHECKING:  # `cryptography` loads where a public key is read: an HS256 secret never needs it
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+
+    PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | ed448.Ed448PublicKey
 
 ENV_SECRET = declared.JWT_SECRET.name
 ENV_PUBLIC_KEY = declared.JWT_PUBLIC_KEY.name
@@ -45,8 +46,6 @@ ASYMMETRIC_ALGORITHMS: tuple[str, ...] = (
     "EdDSA",
 )
 _EC_ALGORITHM_BY_CURVE = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
-
-PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | ed448.Ed448PublicKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +154,9 @@ def _check_jwks_url(url: str) -> None:
 
 def load_public_key(path: Path) -> PublicKey:
     """Read a PEM public key (or the public key of a PEM certificate) and check it is usable."""
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+    from cryptography.x509 import load_pem_x509_certificate
+
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -170,11 +172,13 @@ def load_public_key(path: Path) -> PublicKey:
     except ValueError as exc:
         raise ConfigError(f"{path} is not a PEM public key or certificate.") from exc
     algorithms_for_key(key, source=str(path))  # refuses every other kind of key
-    return cast(PublicKey, key)
+    return cast("PublicKey", key)
 
 
 def algorithms_for_key(key: object, *, source: str = "the key") -> tuple[str, ...]:
     """The JWS algorithms that fit this public key's type (and nothing else)."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+
     if isinstance(key, rsa.RSAPublicKey):
         if key.key_size < MIN_RSA_BITS:
             raise ConfigError(

@@ -1,5 +1,5 @@
 -- AI features (issue 14): one row per feature run: model, steps, tokens, cost where known, the tool
--- calls and their gate outcomes. Namespace `ai` (mcp_knecht.ai.runtime.AI_MIGRATIONS).
+-- calls and their gate outcomes. Namespace `ai` (mcp_knecht.ai.tables.AI_MIGRATIONS).
 CREATE TABLE ai_feature_runs (
     id            INTEGER PRIMARY KEY,
     feature       TEXT NOT NULL,
