@@ -7,8 +7,8 @@ driver thread and back costs about 80 µs of CPU (a decision makes twenty statem
 for long runs in a worker thread: a durable COMMIT (an fsync), large batches, and checkpoints. The
 writer's automatic checkpoint is off — it would run inside some COMMIT, on the event loop, and
 fsync there — and every few hundred commits (or thousand rows) the writer checkpoints in a worker
-thread instead, before it lets go of the write lock. One transaction at a time, so the writer is never used by two
-threads at once.
+thread instead, before it lets the next of our writers in. One transaction at a time, so the writer
+is never used by two threads at once.
 
 Writes take the lock up front with `BEGIN IMMEDIATE`, so two processes (say, two operators'
 CLIs) never deadlock on a read-to-write upgrade; they wait up to the busy timeout instead.
@@ -389,8 +389,8 @@ class SQLiteDatabase:
                 self._writers.release()  # type: ignore[union-attr]
 
     def _checkpoint(self) -> None:
-        """Copy the WAL into the database file, still holding the write lock: nothing is appended
-        meanwhile, so the checkpoint can finish and the next writer starts the WAL from its
+        """Copy the WAL into the database file before the next of our writers may begin: nothing is
+        appended meanwhile, so the checkpoint can finish and the next writer starts the WAL from its
         beginning again (a checkpoint racing the writers would never catch up, and the WAL would
         grow for as long as writes go on)."""
         try:
