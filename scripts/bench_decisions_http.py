@@ -8,7 +8,7 @@
 Stages N proposals of the test write tool `record_effect` (its effect inserts one row into
 `test_effects`), starts the real server (`mcp-knecht serve --transport http`), then K client
 processes, each with its own operator token (profile `operator`, subject `operator-<i>`) and one
-keep-alive connection, try to approve every proposal with `POST /api/proposals/{id}/approve`:
+keep-alive connection (`http.client`), try to approve every proposal with `POST /api/proposals/{id}/approve`:
 `lockstep` (all in id order, the worst case) or `shuffled` (each in its own seeded random order).
 Clients connect first and wait for a common start signal, so process start-up is not timed; each
 reports its first-request and last-response `perf_counter` stamps (one clock across processes on
@@ -20,6 +20,11 @@ Baseline in the same run: one client alone over N fresh proposals, through the s
 for reference one in-process approver (`tests.approver_worker`) over another N.
 The server's CPU seconds (utime+stime from /proc) during each phase show whether it was CPU-bound.
 
+With `--floor`, the same clients then race against a bare Starlette app on the same uvicorn
+settings (uvloop, httptools) that only remembers which ids it has answered: no authentication, no
+store, no decision. What they reach there is the most the decision API could do on this machine,
+whatever a decision cost.
+
 Target: ≥ 500 decided-and-executed proposals/s with 8 racing clients, 0 double executions, 0 missing.
 Exit status 0 even when the target is missed (this is a measurement); 1 when something did not
 work (HTTP errors, double executions, missing effects, a client or the server failing).
@@ -28,6 +33,7 @@ work (HTTP errors, double executions, missing effects, a client or the server fa
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -53,6 +59,7 @@ START_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 900.0
 SEED = 20240611
 WORKER_FLAG = "--client-worker"
+FLOOR_SERVER_FLAG = "--floor-server"
 TOKEN_VARIABLE = "BENCH_OPERATOR_TOKEN"
 
 
@@ -63,25 +70,29 @@ def progress(message: str) -> None:
 # --- one racing client (a subprocess of this script) -------------------------------------------
 
 
-def _classify(response: Any) -> tuple[str, str]:
+def _classify(status_code: int, text: str) -> tuple[str, str]:
     """("won" | "recorded" | "lost" | "error", detail) of one approve answer."""
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
         body = {}
-    if response.status_code == 200:
+    if status_code == 200:
         status = body.get("status", "?")
         return ("recorded" if status == "pending" else "won"), status
     error = body.get("error", {}) if isinstance(body, dict) else {}
-    detail = f"{response.status_code} {error.get('code')}: {error.get('message', response.text[:200])}"
-    if response.status_code == 409 and error.get("code") == "not_pending":
+    detail = f"{status_code} {error.get('code')}: {error.get('message', text[:200])}"
+    if status_code == 409 and error.get("code") == "not_pending":
         return "lost", detail
     return "error", detail
 
 
 def client_worker(name: str, base: str, first: int, last: int, order: str, seed: int) -> dict[str, Any]:
-    """Connect, say "ready", wait for the go line on stdin, then try to approve every id."""
-    import httpx
+    """Connect, say "ready", wait for the go line on stdin, then try to approve every id.
+
+    The client is the standard library's `http.client` on one keep-alive connection: about a tenth
+    of httpx's CPU per request, which matters when eight of them share two cores with the server."""
+    import http.client
+    from urllib.parse import urlsplit
 
     ids = list(range(first, last + 1))
     if order == "shuffled":
@@ -90,21 +101,32 @@ def client_worker(name: str, base: str, first: int, last: int, order: str, seed:
     statuses: Counter[str] = Counter()
     samples: dict[str, str] = {}
     headers = {"Authorization": f"Bearer {os.environ[TOKEN_VARIABLE]}", "Content-Type": "application/json"}
-    with httpx.Client(base_url=base, headers=headers, timeout=120.0) as client:
-        client.get("/healthz").raise_for_status()  # the keep-alive connection is open
-        print("ready", flush=True)
+    address = urlsplit(base)
+    connection = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port, timeout=120.0)
+    try:
+        connection.request("GET", "/healthz")
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise SystemExit(f"/healthz answered {answer.status}")
+        print("ready", flush=True)  # the keep-alive connection is open
         sys.stdin.readline()
         cpu_started, started = time.process_time(), time.perf_counter()
         for proposal_id in ids:
             try:
-                kind, detail = _classify(client.post(f"/api/proposals/{proposal_id}/approve", content=b"{}"))
-            except httpx.HTTPError as exc:
+                connection.request("POST", f"/api/proposals/{proposal_id}/approve", body=b"{}", headers=headers)
+                answer = connection.getresponse()
+                kind, detail = _classify(answer.status, answer.read().decode("utf-8", "replace"))
+            except (OSError, http.client.HTTPException) as exc:
                 kind, detail = "error", f"{type(exc).__name__}: {exc}"
+                connection.close()  # the next request reconnects
             tally[kind] += 1
             if kind == "won":
                 statuses[detail] += 1
             samples.setdefault(kind, detail)
         ended = time.perf_counter()
+    finally:
+        connection.close()
     return {"client": name, "won": tally["won"], "recorded": tally["recorded"], "lost": tally["lost"],
             "errors": tally["error"], "won_statuses": dict(statuses), "samples": samples,
             "started": started, "ended": ended, "cpu_seconds": time.process_time() - cpu_started}
@@ -198,6 +220,65 @@ def in_process(env: dict[str, str], id_range: tuple[int, int]) -> float:
     return float(json.loads(done.stdout)["seconds"])
 
 
+def floor_server(port: int) -> None:
+    """The decision API with nothing behind it: the first approve of an id wins, the rest get 409."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    answered: set[int] = set()
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def approve(request: Request) -> JSONResponse:
+        proposal_id = int(request.path_params["proposal_id"])
+        await request.body()
+        if proposal_id in answered:
+            return JSONResponse({"error": {"code": "not_pending", "message": f"Proposal #{proposal_id} is not "
+                                           "pending any more."}}, status_code=409)
+        answered.add(proposal_id)
+        return JSONResponse({"id": proposal_id, "status": "succeeded"})
+
+    app = Starlette(routes=[Route("/healthz", healthz),
+                            Route("/api/proposals/{proposal_id:int}/approve", approve, methods=["POST"])])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http="httptools",
+                loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
+
+
+def measure_floor(proposals: int, clients: int, order: str, folder: str) -> dict[str, Any]:
+    from tests.servers import free_port
+
+    port = free_port()
+    log = Path(folder) / "floor.log"
+    server = subprocess.Popen([sys.executable, __file__, FLOOR_SERVER_FLAG, str(port)], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit(f"the floor server did not start:\n{log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        progress(f"floor: {clients} HTTP clients against a bare app…")
+        raced = race(dict(os.environ), base, {f"floor-{i}": "none" for i in range(clients)}, (1, proposals), order,
+                     server.pid)
+    finally:
+        stop_server(server)
+    won = sum(r["won"] for r in raced["reports"])
+    return {"floor_decisions_per_s": round(won / raced["seconds"], 1),
+            "floor_requests_per_s": round(proposals * clients / raced["seconds"], 1),
+            "floor_server_cpu_share": round(raced["server_cpu_seconds"] / raced["seconds"], 2),
+            "floor_clients_cpu_seconds": round(sum(r["cpu_seconds"] for r in raced["reports"]), 2),
+            "floor_errors": sum(r["errors"] for r in raced["reports"]), "floor_won": won}
+
+
 def check(effects: dict[str, int], proposals: int) -> dict[str, int]:
     return {"executed": len(effects), "double_executions": sum(1 for n in effects.values() if n > 1),
             "missing": proposals - len(effects)}
@@ -278,7 +359,7 @@ def summarize(measured: dict[str, Any], url: str, proposals: int, clients: int, 
     return result
 
 
-def run(proposals: int, clients: int, order: str, db_url: str | None) -> dict[str, Any]:
+def run(proposals: int, clients: int, order: str, db_url: str | None, floor: bool = False) -> dict[str, Any]:
     from bench_approvals import _env
 
     with tempfile.TemporaryDirectory() as folder:
@@ -286,11 +367,14 @@ def run(proposals: int, clients: int, order: str, db_url: str | None) -> dict[st
         env = {**_env(url, folder), "KNECHT_JWT_SECRET": secrets.token_urlsafe(48)}
         progress(f"store {url.split('@')[-1]}")
         measured = measure(env, folder, proposals, clients, order)
-    return summarize(measured, url, proposals, clients, order)
+        result = summarize(measured, url, proposals, clients, order)
+        if floor:
+            result.update(measure_floor(proposals, clients, order, folder))
+    return result
 
 
 def failed(result: dict[str, Any]) -> bool:
-    return bool(result["http_errors"] or result["double_executions"] or result["missing"]
+    return bool(result["http_errors"] or result.get("floor_errors") or result["double_executions"] or result["missing"]
                 or result["baseline_double_executions"] or result["baseline_missing"] or result["recorded"]
                 or result["server_tracebacks"])
 
@@ -314,11 +398,18 @@ def report(result: dict[str, Any]) -> None:
     print(f"HTTP errors               {result['http_errors']}" +
           (f"  e.g. {result['error_sample']}" if result["error_sample"] else ""))
     print(f"lost race answered        {result['lost_race_answer']}")
+    if "floor_decisions_per_s" in result:
+        print(f"floor (bare app, same clients) {result['floor_decisions_per_s']:>8} decisions/s  "
+              f"({result['floor_requests_per_s']} requests/s; server CPU {result['floor_server_cpu_share']:.0%} of a "
+              f"core, clients CPU {result['floor_clients_cpu_seconds']} s)")
     if result["server_tracebacks"] or result["server_exit"]:
         print(f"server                    exit {result['server_exit']}, {result['server_tracebacks']} tracebacks")
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == FLOOR_SERVER_FLAG:
+        floor_server(int(sys.argv[2]))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == WORKER_FLAG:
         name, base, first, last, order, seed = sys.argv[2:8]
         print(json.dumps(client_worker(name, base, int(first), int(last), order, int(seed))))
@@ -328,9 +419,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--order", choices=("lockstep", "shuffled"), default="lockstep")
     parser.add_argument("--db", help="database URL (default: a temporary SQLite file)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also race the same clients against a bare app with no decision behind it")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.proposals, args.clients, args.order, args.db)
+    result = run(args.proposals, args.clients, args.order, args.db, floor=args.floor)
     if args.json:
         print(json.dumps(result))
     else:

@@ -66,6 +66,11 @@ def _create_private(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLite's "busy" or "locked", whichever extended code (`SQLITE_BUSY_RECOVERY`, …) it came with."""
+    return (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
     return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
 
@@ -115,7 +120,7 @@ class _Lookups:
         try:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            if _busy(exc):
                 return await self._fallback.fetch_all(sql, params)
             raise store_error("sqlite", f"Database statement failed: {exc}") from exc
         except sqlite3.Error as exc:
@@ -339,7 +344,7 @@ class SQLiteDatabase:
                 self._writer.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                if not _busy(exc):
                     raise
                 if anyio.current_time() >= deadline:
                     raise StoreBusyError(
