@@ -122,6 +122,19 @@ async def test_the_watcher_announces_changes_after_its_start_not_history(app: Ap
     assert await watcher.poll() == []
 
 
+async def test_the_watcher_reads_only_the_proposals_that_moved(app: App) -> None:
+    """Polled twice a second on SQLite: thousands of waiting proposals must not cost a row each."""
+    from mcp_knecht.core.approval import Operator
+
+    waiting = [await stage(app) for _ in range(5)]
+    rejected, overdue = waiting[1], waiting[3]
+    await app.approvals.reject(rejected, Operator("bob"), "no")
+    async with app.db.transaction() as tx:  # its time has passed (no sweep has written `expired` yet)
+        await tx.execute("UPDATE proposals SET expires_at = ? WHERE id = ?", ("2000-01-01T00:00:00.000000Z", overdue))
+    assert await app.proposals.settled([*waiting, 10_000_000]) == {
+        rejected: ("rejected", "alice"), overdue: ("expired", "alice")}
+
+
 # --- Issue 11, item 10: resources are the gate's get_proposal, subscriptions belong to a connection ---
 
 

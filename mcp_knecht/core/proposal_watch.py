@@ -60,10 +60,10 @@ class ProposalWatcher:
                     self._open[proposal.id] = proposal.status
                 else:  # staged and decided between two looks
                     changes.append(StatusChange(proposal.id, proposal.status, proposal.proposer_subject))
-        if self._open:
-            current = await self._proposals.statuses(list(self._open))
-            for proposal_id, before in list(self._open.items()):
-                status, subject = current.get(proposal_id, ("missing", ""))
+        if self._open:  # proposals are never deleted: one that is not `settled` is still pending
+            settled = await self._proposals.settled(list(self._open))
+            for proposal_id, (status, subject) in settled.items():
+                before = self._open[proposal_id]
                 if status != before:
                     changes.append(StatusChange(proposal_id, status, subject))
                     if status in OPEN:

@@ -238,8 +238,10 @@ class ProposalRepository(Protocol):
         """executing → succeeded | failed: the proposal as it now is (without its approvals), or None
         when it was not executing."""
         ...
-    async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """`id → (status, proposer subject)` for the ids that exist."""
+    async def settled(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """`id → (status, proposer subject)` for those of `ids` that are no longer pending (decided,
+        executing, or past their expiry): a watcher of many waiting proposals reads only the few
+        that moved."""
         ...
     async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:
         """The proposer's decided proposals it has not seen yet (oldest first), now marked seen: each

@@ -210,16 +210,16 @@ class SqlProposalRepository:
             await tx.execute("UPDATE proposals SET seen_at = ? WHERE id = ? AND seen_at IS NULL",
                              (clock.timestamp(), proposal_id))
 
-    async def statuses(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """`id → (effective status, proposer subject)` for the ids that exist."""
+    async def settled(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """`id → (effective status, proposer subject)` for those of `ids` no longer pending."""
         now = clock.timestamp()
         found: dict[int, tuple[str, str]] = {}
         for start in range(0, len(ids), 500):
             chunk = list(ids[start:start + 500])
             rows = await self._db.fetch_all(
                 "SELECT id, status, expires_at, proposer_subject FROM proposals"
-                f" WHERE id IN ({', '.join('?' * len(chunk))})",
-                chunk,
+                f" WHERE id IN ({', '.join('?' * len(chunk))}) AND (status <> 'pending' OR expires_at <= ?)",
+                (*chunk, now),
             )
             found.update({row["id"]: (_effective_status(row, now), row["proposer_subject"]) for row in rows})
         return found
