@@ -222,3 +222,16 @@ def test_a_clean_result_is_rendered_in_one_scan_and_a_secret_in_it_is_still_mask
                   {"t": "AKIAIOSFODNN7EXAMPLE"}, {"q": 'say "hi"'}, {1: "int key"}):
         assert scrubber._plain_json(dirty) is None
     assert scrubber.render({"log": "the s3cr3t-value", "api_key": "x"})[0] == {"log": "the ***", "api_key": MASK}
+
+
+def test_a_new_set_of_secrets_leaves_no_automaton_behind() -> None:
+    """Each change of the secret values builds a new scrubber; re2's own cache of compiled patterns
+    (128 of them, up to 8 MB each) must not keep the old automata alive: a soak grew by 150 MB."""
+    import re2
+
+    cached = re2._Regexp._make.cache_info().currsize
+    scrubbers = [Scrubber({f"secret-value-{n}"}) for n in range(20)]
+    assert all(s._prefilter is not None for s in scrubbers)
+    assert re2._Regexp._make.cache_info().currsize == cached
+    long_text = "a log line of ordinary words " * 40_000 + "then postgres://app:pw-41x@db/main"
+    assert scrubbers[0](long_text).endswith("postgres://app:***@db/main")  # a megabyte in, found all the same
