@@ -66,7 +66,7 @@ def summarise_arguments(shown_json: str) -> str:
     return _clip(", ".join(parts), MAX_SUMMARY)
 
 
-def snapshot(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> dict[str, Any]:
+def snapshot_json(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> str:
     """The facts of `event` about `proposal`, masked. The exact frozen arguments never enter:
     only `arguments_shown` (the scrubbed form). Every text is scrubbed whole before it is cut
     short, so that no secret can survive as an unrecognisable fragment, and the result again."""
@@ -96,4 +96,5 @@ def snapshot(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> dic
         facts.update(decided_by=proposal.decided_by, finished_at=proposal.finished_at)
         if proposal.error:
             facts["error"] = _clip(scrub(proposal.error), MAX_TEXT)
-    return json.loads(scrub(json.dumps(facts, ensure_ascii=False)))  # type: ignore[no-any-return]
+    # The JSON text is scrubbed whole, once more: a mask never spans a quote, so it stays valid JSON.
+    return scrub(json.dumps(facts, ensure_ascii=False))

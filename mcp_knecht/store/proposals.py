@@ -74,9 +74,12 @@ class SqlProposalRepository:
         self._chain = chain
         self._on_status = on_status
 
-    async def _changed(self, tx: Transaction, row: Row) -> None:
+    async def _changed(self, tx: Transaction, row: Row) -> Proposal:
+        """`row` as the proposal it now is, after the status hook has seen it."""
+        proposal = _proposal(row, clock.timestamp())
         if self._on_status is not None:
-            await self._on_status(tx, _proposal(row, clock.timestamp()))
+            await self._on_status(tx, proposal)
+        return proposal
 
     async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
         async with self._db.transaction(durable=True) as tx:
@@ -153,10 +156,10 @@ class SqlProposalRepository:
             changed = await tx.fetch_all(f"{sql} RETURNING *", params)
             if len(changed) != 1:
                 return None
-            await self._changed(tx, changed[0])  # before the audit chain takes its (global) lock
+            proposal = await self._changed(tx, changed[0])  # before the audit chain takes its (global) lock
             if audit is not None:
                 await self._chain.append(tx, [audit])
-        return _proposal(changed[0], clock.timestamp())
+        return proposal
 
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         async with self._db.transaction(durable=True) as tx:

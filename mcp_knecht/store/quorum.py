@@ -41,7 +41,7 @@ def approval(row: Row, prefix: str = "") -> Approval:
 async def add_approval(
     db: Database, chain: AuditChain, proposal_id: int, new: Approval, *, required: int,
     counts: Callable[[Approval], bool], audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
-    approved: Callable[[Transaction, Row], Awaitable[None]] | None = None,
+    approved: Callable[[Transaction, Row], Awaitable[object]] | None = None,
 ) -> QuorumOutcome:
     """`approved(tx, row)`: awaited in the transaction that completes the quorum, with the proposal's row."""
     try:
