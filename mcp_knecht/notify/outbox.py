@@ -29,7 +29,7 @@ from mcp_knecht.core import clock
 from mcp_knecht.core.clock import timestamp
 from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.core.proposals import Proposal
-from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot_json
+from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot
 
 ROUTE_BATCH = 200
 
@@ -73,9 +73,10 @@ class OutboxWriter:
         event = EVENT_FOR_STATUS.get(proposal.status)
         if event is None:
             return
+        facts = snapshot(proposal, event, self._scrub)
         await tx.execute(
             "INSERT INTO notify_outbox (uid, event, proposal_id, payload_json, created_at) VALUES (?, ?, ?, ?, ?)",
-            (f"evt_{uuid.uuid4().hex}", event, proposal.id, snapshot_json(proposal, event, self._scrub), timestamp()),
+            (f"evt_{uuid.uuid4().hex}", event, proposal.id, json.dumps(facts, ensure_ascii=False), timestamp()),
         )
 
 
