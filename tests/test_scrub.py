@@ -204,6 +204,16 @@ def test_a_result_the_prefilter_passes_is_one_the_precise_scan_passes(
         assert scrubber._plain_text(text) == text
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_TEXT, max_size=4), st.sampled_from([("s3cr3t-value",), ("abc", "s3cr3t-value", "\u212aey")]))
+def test_the_literals_found_in_a_callers_arguments_are_all_of_them(texts: list[str],
+                                                                    literals: tuple[str, ...]) -> None:
+    """The prefilter only skips texts in which no literal can occur (the echo rule depends on it)."""
+    many = {f"filler-literal-{n:03d}" for n in range(60)}  # enough for found_in to ask the prefilter
+    for scrubber in (Scrubber(literals), Scrubber({*literals, *many})):
+        assert scrubber.found_in(texts) == {v for v in scrubber.literals if any(v in text for text in texts)}
+
+
 def test_the_prefilter_finds_each_kind_of_secret_and_passes_ordinary_text() -> None:
     scrubber = Scrubber({"s3cr3t-value", "abc"})
     for dirty in ("the s3cr3t-value", "x abc y", "PassWord: x", "AKIAIOSFODNN7EXAMPLE", "postgres://u:pw@db/x",

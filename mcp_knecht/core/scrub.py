@@ -107,6 +107,9 @@ _SECRET_KEY = re.compile(_KEY_WORDS + r"[a-z0-9_.\-]{0,40}$")
 """A dict key that names a secret (`password`, `DB_PASSWORD`, `api_key`): its string value is masked."""
 
 
+_LITERALS_WORTH_A_PREFILTER = 40
+"""`found_in` asks the prefilter first only with more literals than this (below, `in` is cheaper)."""
+
 _PREFILTER_SHAPES = (
     r"\\",  # a backslash: in JSON text, an escape (strings no longer verbatim)
     "\u0130",  # İ: its lower case is two characters (the pair check's offsets), and `re.I` matches it to i
@@ -251,9 +254,13 @@ class Scrubber:
         """The literal values that occur in any of `texts` (the caller's own arguments)."""
         if not self._literals:
             return frozenset()
+        # Beyond a few dozen literals one automaton pass per text beats a search per literal (2,000
+        # literals: 4.5 µs against 83 µs for two short arguments); where it finds nothing, no literal occurs.
+        prefilter = len(self._literals) > _LITERALS_WORTH_A_PREFILTER
         found: set[str] = set()
         for text in texts:
-            found.update(v for v in self._literals if v in text)
+            if not (prefilter and self._clean(text)):
+                found.update(v for v in self._literals if v in text)
         return frozenset(found)
 
     def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str:
