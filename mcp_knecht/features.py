@@ -51,7 +51,8 @@ class Features:
         if self._ai is None:
             from mcp_knecht.ai.runtime import AiRuntime
 
-            self._ai = AiRuntime.create(self.settings, gate=self._gate, db=self._db, secrets=self._secrets)
+            # Not `AiRuntime.create`: the keys joined the scrubber at start (another add recompiles it).
+            self._ai = AiRuntime(self.settings, gate=self._gate, db=self._db, scrub=self._secrets)
         return self._ai
 
     @property

@@ -82,19 +82,23 @@ def fsync_rate(folder: str, seconds: float = 1.0) -> float:
 def _race(env: dict[str, str], approvers: int, first: int, last: int,
           shuffled: bool = False) -> tuple[float, list[dict[str, Any]]]:
     started = time.perf_counter()
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(first), str(last),
-                          *([str(i)] if shuffled else [])],
-                         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(approvers)
-    ]
+    reports = run_approvers(
+        [[sys.executable, "-m", "tests.approver_worker", f"operator-{i}", str(first), str(last),
+          *([str(i)] if shuffled else [])] for i in range(approvers)], env)
+    return time.perf_counter() - started, reports
+
+
+def run_approvers(commands: list[list[str]], env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Start one approver process per command at once; each prints its report as one JSON line."""
+    workers = [subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for command in commands]
     reports = []
     for worker in workers:
         out, err = worker.communicate(timeout=900)
         if worker.returncode != 0:
             raise SystemExit(f"an approver failed:\n{err}")
         reports.append(json.loads(out))
-    return time.perf_counter() - started, reports
+    return reports
 
 
 def run(proposals: int, approvers: int, db_url: str | None, order: str = "lockstep") -> dict[str, Any]:

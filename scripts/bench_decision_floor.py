@@ -28,9 +28,7 @@ import fcntl
 import json
 import os
 import random
-import resource
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.bench_approvals import fsync_rate  # noqa: E402
+from scripts.bench_approvals import fsync_rate, run_approvers  # noqa: E402
+from scripts.bench_http import cpu_seconds  # noqa: E402
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS floor_proposals (id INTEGER PRIMARY KEY, status TEXT NOT NULL,"
@@ -55,8 +54,7 @@ PG_SCHEMA = [s.replace("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY") for s in 
 
 
 def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return cpu_seconds(os.getpid())
 
 
 def _now() -> str:
@@ -231,16 +229,8 @@ async def pg_effects(url: str, tag: str) -> dict[str, int]:
 
 
 def _race(db: str, approvers: int, first: int, last: int, shuffled: bool) -> list[dict[str, Any]]:
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", db, f"operator-{i}", str(first), str(last),
-                                 str(i) if shuffled else "-"], stdout=subprocess.PIPE, text=True)
-               for i in range(approvers)]
-    reports = []
-    for worker in workers:
-        out, _ = worker.communicate(timeout=900)
-        if worker.returncode != 0:
-            raise SystemExit("a floor approver failed")
-        reports.append(json.loads(out))
-    return reports
+    return run_approvers([[sys.executable, __file__, "--worker", db, f"operator-{i}", str(first), str(last),
+                           str(i) if shuffled else "-"] for i in range(approvers)])
 
 
 def run(proposals: int, approvers: int, db_url: str | None, order: str) -> dict[str, Any]:
