@@ -90,7 +90,7 @@ async def test_an_operator_settles_an_outcome_unknown_execution_without_running_
     sealed = app.approvals._approval(proposal, Operator("bob", verified=True))  # as the dead approver made it
     claimed = await app.proposals.add_approval(proposal_id, sealed, required=1, counts=lambda a: True,
                                                audit=lambda counted, done: _approved(proposal_id))
-    assert claimed == "claimed"
+    assert claimed.outcome == "claimed"
     assert (await app.proposals.get(proposal_id)).status == "executing"  # type: ignore[union-attr]
 
     settled_by_cli = await acli("knecht-approve", staged_env, "settle", str(proposal_id), "--as", "carol",

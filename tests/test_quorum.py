@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ async def test_eight_racing_operators_complete_each_quorum_exactly_once(database
             outcome = await repo.add_approval(
                 proposal_id, approval, required=3, counts=lambda a: True,
                 audit=lambda counted, completes: _entry("approved" if completes else "approval_recorded", name))
-            outcomes[proposal_id].append((outcome, name))
+            outcomes[proposal_id].append((outcome.outcome, name))
 
     try:
         async with anyio.create_task_group() as tasks:
@@ -120,8 +121,10 @@ async def test_eight_racing_operators_complete_each_quorum_exactly_once(database
         first = Approval("op-0", person("op-0"), timestamp(), "sealed")
         again = Approval("OP-0 ", person("OP-0 "), timestamp(), "sealed")
         audit = lambda counted, completes: _entry("approval_recorded", "op-0")  # noqa: E731
-        assert await repos[1].add_approval(extra, first, required=2, counts=lambda a: True, audit=audit) == "recorded"
-        assert await repos[2].add_approval(extra, again, required=2, counts=lambda a: True, audit=audit) == "duplicate"
+        recorded = await repos[1].add_approval(extra, first, required=2, counts=lambda a: True, audit=audit)
+        assert recorded.outcome == "recorded"
+        duplicate = await repos[2].add_approval(extra, again, required=2, counts=lambda a: True, audit=audit)
+        assert duplicate.outcome == "duplicate"
     finally:
         for store in stores:
             await store.close()
@@ -290,20 +293,28 @@ async def test_the_web_page_shows_the_quorum_and_takes_one_approval_per_operator
 
 
 class _SecondApprovalRightAfter:
-    """The real repository; right after an approval is recorded, another operator's approval (through
-    the real service) completes the quorum — what a racing operator can do at any moment."""
+    """The real repository; the moment an approval has been recorded and its turn is over, another
+    operator's approval (through the real service) completes the quorum — what a racing operator can
+    do at any moment."""
 
     def __init__(self, real: SqlProposalRepository, then: Any) -> None:
         self._real, self._then = real, then
+        self._recorded = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
     async def add_approval(self, *args: Any, **kwargs: Any) -> Any:
         outcome = await self._real.add_approval(*args, **kwargs)
-        if outcome == "recorded":
-            await self._then()
+        self._recorded = outcome.outcome == "recorded"
         return outcome
+
+    @asynccontextmanager
+    async def turn(self, proposal_id: int) -> AsyncIterator[Any]:
+        async with self._real.turn(proposal_id) as turn:
+            yield turn
+        if self._recorded:
+            await self._then()
 
 
 async def test_an_approval_that_only_counted_is_told_so_even_when_another_completes_the_quorum_at_once(

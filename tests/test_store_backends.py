@@ -241,8 +241,9 @@ async def _create(repo: SqlProposalRepository, n: int) -> int:
 
 
 async def _approve(repo: SqlProposalRepository, proposal_id: int, operator: str) -> str:
-    return await repo.add_approval(proposal_id, Approval(operator, operator, timestamp(), ""), required=1,
-                                   counts=lambda a: True, audit=lambda counted, done: _decision("approved", operator))
+    return (await repo.add_approval(proposal_id, Approval(operator, operator, timestamp(), ""), required=1,
+                                    counts=lambda a: True,
+                                    audit=lambda counted, done: _decision("approved", operator))).outcome
 
 
 async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:

@@ -32,7 +32,15 @@ from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry, DurableAuditSink, Outcome
 from mcp_knecht.core.gate import Gate, GateResult
 from mcp_knecht.core.keys import ServerKeys
-from mcp_knecht.core.proposals import Approval, Proposal, ProposalRepository, person, same_person
+from mcp_knecht.core.proposals import (
+    Approval,
+    Proposal,
+    ProposalRepository,
+    ProposalState,
+    QuorumResult,
+    person,
+    same_person,
+)
 from mcp_knecht.core.tools import APPROVAL
 from mcp_knecht.core.validation import validate_arguments
 from mcp_knecht.errors import (
@@ -87,17 +95,22 @@ class ApprovalService:
         if proposal is None:
             raise NotPendingError(f"Proposal #{proposal_id} does not exist.")
         if proposal.seal is not None and not self.seal_holds(proposal):
-            self._record(Operator(reader), proposal, "tampered", problem="seal broken")
-            await self._audit.flush()
-            raise TamperedError(
-                f"Proposal #{proposal_id} fails its seal: its row was changed outside mcp-knecht (arguments, tool, "
-                "proposer, scopes, quorum or an approval). It will not be shown or run; check the database and "
-                "`mcp-knecht audit verify`."
-            )
+            raise await self._tampered(Operator(reader), proposal, "seal broken")
         return proposal
 
+    async def _tampered(self, operator: Operator, proposal: Proposal, problem: str) -> TamperedError:
+        """The refusal of a row changed outside mcp-knecht, audited before it is told."""
+        self._record(operator, proposal, "tampered", problem=problem)
+        await self._audit.flush()
+        return TamperedError(
+            f"Proposal #{proposal.id} fails its seal: its row was changed outside mcp-knecht (arguments, tool, "
+            "proposer, scopes, quorum or an approval). It will not be shown or run; check the database and "
+            "`mcp-knecht audit verify`.")
+
     @staticmethod
-    def _not_pending(proposal: Proposal) -> NotPendingError:
+    def _not_pending(proposal: ProposalState | None, proposal_id: int | None = None) -> NotPendingError:
+        if proposal is None:
+            return NotPendingError(f"Proposal #{proposal_id} does not exist.")
         if proposal.status == "expired":
             return NotPendingError(f"Proposal #{proposal.id} expired at {proposal.expires_at}; it cannot be decided.")
         who = f" by {proposal.decided_by} at {proposal.decided_at}" if proposal.decided_by else ""
@@ -119,9 +132,36 @@ class ApprovalService:
     async def approve(self, proposal_id: int, operator: Operator, *, expect_hash: str | None = None,
                       seen: Proposal | None = None) -> Proposal:
         """`seen`: the proposal as the caller has just read it through `checked` (spares a read)."""
-        proposal = seen if seen is not None and seen.id == proposal_id else await self.checked(proposal_id)
+        if seen is None or seen.id != proposal_id:
+            # Where it stands, first: an operator who comes late learns it from one short row, without the
+            # seal check (the seal covers what would run, never the status).
+            state = await self._proposals.state(proposal_id)
+            if state is None or state.status != "pending":
+                raise self._not_pending(state, proposal_id)
+        async with self._proposals.turn(proposal_id) as turn:
+            if not turn.ours:
+                raise self._not_pending(turn.state, proposal_id)
+            proposal = seen if seen is not None and seen.id == proposal_id else await self.checked(proposal_id)
+            result = await self._approve(proposal, operator, expect_hash)
+        if result.outcome == "claimed" and result.claimed is not None:
+            return await self._execute(result.claimed, operator)
+        if result.outcome == "recorded":
+            # As this approval left it: a read now could already show another operator's claim and
+            # tell this one "approved and executed" although it only counted toward the quorum.
+            return replace(proposal, approvals=result.approvals)
+        if result.outcome == "changed":
+            raise await self._tampered(operator, proposal, "row changed before its claim")
+        if result.outcome == "duplicate":
+            current = await self.checked(proposal_id)
+            raise AlreadyApprovedError(f"You approved proposal #{proposal_id} already ({current.quorum}).")
+        raise self._not_pending(result.state, proposal_id)
+
+    async def _approve(self, proposal: Proposal, operator: Operator, expect_hash: str | None) -> QuorumResult:
+        """Record this operator's approval of `proposal` (in its turn), which claims it if it completes the
+        quorum; refused before anything is written when this operator may not approve it."""
+        proposal_id = proposal.id
         if proposal.status != "pending":
-            raise self._not_pending(proposal)
+            raise self._not_pending(proposal.state)
         if proposal.seal is None:
             raise DecisionError(
                 f"Proposal #{proposal_id} was staged by an older release, before proposals were sealed; it cannot "
@@ -145,27 +185,15 @@ class ApprovalService:
             raise AlreadyApprovedError(
                 f"You approved proposal #{proposal_id} already ({proposal.quorum}); another operator must approve "
                 "it too.")
-        counted_now: list[tuple[Approval, ...]] = []
 
         def audit(counted: tuple[Approval, ...], completes: bool) -> AuditEntry:
-            counted_now.append(counted)
             return self._entry(operator, proposal, "approved" if completes else "approval_recorded",
                                approvals=[a.operator for a in counted], approvers=proposal.approvers)
 
-        outcome = await self._proposals.add_approval(
+        return await self._proposals.add_approval(
             proposal_id, self._approval(proposal, operator), required=proposal.approvers,
-            counts=lambda a: self._approval_holds(proposal.id, proposal.seal, a), audit=audit,
+            counts=lambda a: self._approval_holds(proposal.id, proposal.seal, a), audit=audit, approved_as=proposal,
         )
-        if outcome == "claimed":
-            return await self._execute(proposal_id, operator)
-        if outcome == "recorded":
-            # As this approval left it: a read now could already show another operator's claim and
-            # tell this one "approved and executed" although it only counted toward the quorum.
-            return replace(proposal, approvals=counted_now[-1])
-        current = await self.checked(proposal_id)
-        if outcome == "duplicate":
-            raise AlreadyApprovedError(f"You approved proposal #{proposal_id} already ({current.quorum}).")
-        raise self._not_pending(current)
 
     def _approval(self, proposal: Proposal, operator: Operator) -> Approval:
         unsealed = Approval(operator.recorded_as, person(operator.name), clock.timestamp(), "")
@@ -177,7 +205,7 @@ class ApprovalService:
         proposal = await self.checked(proposal_id)
         if not await self._proposals.reject(proposal_id, operator.recorded_as, reason.strip(), clock.timestamp(),
                                             self._entry(operator, proposal, "rejected", reason=reason.strip())):
-            raise self._not_pending(await self.checked(proposal_id))
+            raise self._not_pending((await self.checked(proposal_id)).state)
         return await self.checked(proposal_id)
 
     async def settle(self, proposal_id: int, operator: Operator, *, succeeded: bool, note: str,
@@ -205,7 +233,7 @@ class ApprovalService:
             result_json=json.dumps(settled, ensure_ascii=False) if succeeded else None,
             error=None if succeeded else f"Settled as failed by {operator.recorded_as}: {note.strip()}",
         ):
-            raise self._not_pending(await self.checked(proposal_id))
+            raise self._not_pending((await self.checked(proposal_id)).state)
         return await self.checked(proposal_id)
 
     async def expire_due(self) -> list[Proposal]:
@@ -216,25 +244,18 @@ class ApprovalService:
 
     # --- execution -----------------------------------------------------------------------------------
 
-    async def _execute(self, proposal_id: int, operator: Operator) -> Proposal:
-        """Run a proposal this operator's approval claimed (it is `executing`), and record the outcome."""
-        succeeded: bool
-        result_json: str | None
-        error: str | None
-        try:
-            proposal = await self.checked(proposal_id)  # the row may have been rewritten since the claim
-        except TamperedError as exc:
-            succeeded, result_json, error = False, None, exc.message
-            proposal = await self._proposals.get(proposal_id)  # type: ignore[assignment]
-        else:
-            succeeded, result_json, error = await self._run(proposal)
+    async def _execute(self, proposal: Proposal, operator: Operator) -> Proposal:
+        """Run a proposal this operator's approval claimed, as the claim left it (`executing`): the row the
+        claim changed was the very proposal the operator approved (`Proposal.sealed`), and what runs is
+        that, whatever is written into the row afterwards. Then record the outcome."""
+        succeeded, result_json, error = await self._run(proposal)
         outcome: Outcome = "executed" if succeeded else "execution_failed"
         finished = await self._proposals.finish(
-            proposal_id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
+            proposal.id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
             audit=self._entry(operator, proposal, outcome, **({"error": error} if error else {})),
         )
         if finished is None:  # settled meanwhile by someone who thought this approver gone
-            return await self.checked(proposal_id)
+            return await self.checked(proposal.id)
         return replace(finished, approvals=proposal.approvals)
 
     async def _run(self, proposal: Proposal) -> tuple[bool, str | None, str | None]:

@@ -8,7 +8,7 @@ callers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -54,6 +54,13 @@ class Database(Protocol):
 
         `durable`: the commit survives a power loss, not only a crash of the process (proposals and
         decisions ask for it; SQLite then syncs its WAL on this commit, PostgreSQL always does)."""
+        ...
+
+    def turn(self, name: str, *, moved: Callable[[], Awaitable[bool]]) -> AbstractAsyncContextManager[bool]:
+        """Hold `name` (True) — one holder at a time, across processes where the backend can — or give
+        up waiting once `moved()` is true (False). No transaction and no write lock: racing operators
+        queue on their proposal, and the late ones learn from a short read that it was decided
+        (`mcp_knecht.store.turns`). Never needed for correctness, which transactions keep."""
         ...
 
     async def close(self) -> None: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -21,7 +22,7 @@ Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rej
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
 DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired"})
-QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending"]
+QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "changed"]
 
 
 def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
@@ -51,6 +52,27 @@ def quorum_text(count: int, required: int, names: Sequence[str]) -> str:
     """`1 of 2 approvals (alice)`."""
     noun = "approval" if required == 1 else "approvals"
     return f"{count} of {required} {noun}" + (f" ({', '.join(names)})" if names else "")
+
+
+def shown_status(status: str) -> str:
+    """What an operator should read: a proposal left `executing` by a crash is not "running"."""
+    return "executing (outcome unknown if the approver stopped)" if status == "executing" else status
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalState:
+    """Where a proposal stands (its effective status) and who decided it: all a late operator is told.
+    Read without the seal check, which covers what runs, never the status."""
+
+    id: int
+    status: Status
+    expires_at: str
+    decided_by: str | None = None
+    decided_at: str | None = None
+
+    @property
+    def shown_status(self) -> str:
+        return shown_status(self.status)
 
 
 @dataclass(frozen=True)
@@ -138,8 +160,18 @@ class Proposal:
 
     @property
     def shown_status(self) -> str:
-        """What an operator should read: a proposal left `executing` by a crash is not "running"."""
-        return "executing (outcome unknown if the approver stopped)" if self.status == "executing" else self.status
+        return shown_status(self.status)
+
+    @property
+    def state(self) -> ProposalState:
+        return ProposalState(self.id, self.status, self.expires_at, self.decided_by, self.decided_at)
+
+    def sealed(self) -> tuple[object, ...]:
+        """Everything the seal covers, and the seal: a row alike here with a proposal whose seal held runs
+        the same call, as the same proposer, approved by the same quorum (no MAC to compute again)."""
+        return (self.id, self.tool, self.action, self.arguments_json, self.arguments_hash, self.arguments_shown,
+                self.proposer_subject, self.proposer_client, self.proposer_scopes, self.rule, self.created_at,
+                self.expires_at, self.approvers, self.policy_reason, self.seal)
 
     def document(self) -> dict[str, Any]:
         """The proposal as operators see it (the decision API, `knecht-approve --json`)."""
@@ -204,6 +236,28 @@ class NewProposal:
                          expires_at=self.expires_at, approvers=self.approvers, policy_reason=self.policy_reason)
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A proposal's turn for a decision (`ProposalRepository.turn`)."""
+
+    ours: bool
+    state: ProposalState | None = None
+    """Not ours: where the proposal stands now that the turn before settled it (None: it does not exist)."""
+
+
+@dataclass(frozen=True)
+class QuorumResult:
+    """What an approval did (`ProposalRepository.add_approval`)."""
+
+    outcome: QuorumOutcome
+    claimed: Proposal | None = None
+    """`claimed`: the proposal as the claim left it (executing), with the approvals that count."""
+    state: ProposalState | None = None
+    """`not_pending`: where the proposal stood when this approval's turn came (None: it does not exist)."""
+    approvals: tuple[Approval, ...] = ()
+    """`recorded`: the approvals that count so far, this one last."""
+
+
 class ProposalRepository(Protocol):
     """Persistence of proposals. Every transition is one conditional, atomic update, committed
     durably together with the audit row that records it; every read shows the effective status
@@ -214,23 +268,35 @@ class ProposalRepository(Protocol):
         of the same proposer is pending already (its id; the row records that instead)."""
         ...
     async def get(self, proposal_id: int) -> Proposal | None: ...
+    async def state(self, proposal_id: int) -> ProposalState | None:
+        """Where a proposal stands, cheaply (one short row by key): a late operator needs no more."""
+        ...
     async def list(self, *, status: str | None = None, subject: str | None = None, limit: int = 100,
                    after_id: int = 0, before_id: int | None = None,
                    oldest_first: bool = False) -> builtins.list[Proposal]:
         """Newest first (or oldest first), by effective status and proposer; `after_id` and
         `before_id` page by id."""
         ...
+    def turn(self, proposal_id: int) -> AbstractAsyncContextManager[Turn]:
+        """Wait for this proposal's turn to be decided — racing approvals of it queue here, outside any
+        transaction and without the store's write lock — and hold it while deciding. One that had to
+        wait and finds the proposal no longer pending is told so (`Turn.ours` False): the many operators
+        who come too late learn it from one short read."""
+        ...
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         """Write `expired` (and its audit row) on every overdue pending proposal; return those."""
         ...
     async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
                            counts: Callable[[Approval], bool],
-                           audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
+                           audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
+                           approved_as: Proposal | None = None) -> QuorumResult:
         """Record `approval` of a pending proposal, serialised with every other approval of it (across
         processes and replicas). The approval that makes `required` distinct persons (counting only
         approvals for which `counts` holds) also claims it, pending → approved and executing, in the
         same transaction: `claimed` for exactly one caller. Otherwise `recorded`, `duplicate` (this person
-        approved already) or `not_pending`. `audit(counted, completes)` is the row committed with it."""
+        approved already) or `not_pending`. `audit(counted, completes)` is the row committed with it.
+        `approved_as`: the proposal as the operator approved it (its seal checked); a claim of a row that
+        differs from it (`Proposal.sealed`) is rolled back: `changed`."""
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,

@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -36,6 +36,7 @@ import asyncpg
 from mcp_knecht.core.database import Params, Row
 from mcp_knecht.errors import ConfigError, StoreError
 from mcp_knecht.store.health import store_error
+from mcp_knecht.store.turns import Turns
 
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
@@ -237,6 +238,7 @@ class PostgresDatabase:
     def __init__(self, url: str, pool: asyncpg.Pool) -> None:
         self.url = url
         self._pool = pool
+        self._turns = Turns()
 
     @classmethod
     async def open(cls, url: str) -> PostgresDatabase:
@@ -313,6 +315,11 @@ class PostgresDatabase:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._pool.release(conn)
+
+    def turn(self, name: str, *, moved: Callable[[], Awaitable[bool]]) -> AbstractAsyncContextManager[bool]:
+        """In this process only: other replicas and processes queue in the server, on the advisory lock
+        their transaction takes (`tx.lock`), which costs them no CPU while they wait."""
+        return self._turns.turn(name, moved=moved)
 
     async def sync_sequences(self) -> None:
         """Move every `id` identity sequence past its table's largest id (after bulk loads

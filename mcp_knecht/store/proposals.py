@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
-from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, QuorumOutcome
+from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, ProposalState, QuorumResult, Turn
 from mcp_knecht.store.audit_log import AuditChain
-from mcp_knecht.store.quorum import add_approval, approval, approvals_of
+from mcp_knecht.store.quorum import add_approval, approval, approvals_of, read_state
 
 _SELECT = "SELECT * FROM proposals"
 _SELECT_WITH_APPROVALS = (
@@ -77,9 +78,12 @@ class SqlProposalRepository:
     async def _changed(self, tx: Transaction, row: Row) -> Proposal:
         """`row` as the proposal it now is, after the status hook has seen it."""
         proposal = _proposal(row, clock.timestamp())
+        await self._tell(tx, proposal)
+        return proposal
+
+    async def _tell(self, tx: Transaction, proposal: Proposal) -> None:
         if self._on_status is not None:
             await self._on_status(tx, proposal)
-        return proposal
 
     async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
         async with self._db.transaction(durable=True) as tx:
@@ -122,6 +126,20 @@ class SqlProposalRepository:
             return None
         found = tuple(approval(row, prefix="approval_") for row in rows if row["approval_person"] is not None)
         return replace(_proposal(rows[0], clock.timestamp()), approvals=found)
+
+    async def state(self, proposal_id: int) -> ProposalState | None:
+        return await read_state(self._db, proposal_id)
+
+    @asynccontextmanager
+    async def turn(self, proposal_id: int) -> AsyncIterator[Turn]:
+        now: list[ProposalState | None] = []
+
+        async def moved() -> bool:
+            now.append(state := await read_state(self._db, proposal_id))
+            return state is None or state.status != "pending"
+
+        async with self._db.turn(f"proposal:{proposal_id}", moved=moved) as ours:
+            yield Turn(True) if ours else Turn(False, now[-1])
 
     async def _with_approvals(self, proposals: builtins.list[Proposal]) -> builtins.list[Proposal]:
         found = await approvals_of(self._db, [p.id for p in proposals]) if proposals else {}
@@ -176,9 +194,17 @@ class SqlProposalRepository:
 
     async def add_approval(self, proposal_id: int, approval: Approval, *, required: int,
                            counts: Callable[[Approval], bool],
-                           audit: Callable[[tuple[Approval, ...], bool], AuditEntry]) -> QuorumOutcome:
+                           audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
+                           approved_as: Proposal | None = None) -> QuorumResult:
+        async def claimed(tx: Transaction, row: Row) -> Proposal | None:
+            proposal = _proposal(row, approval.approved_at)
+            if approved_as is not None and proposal.sealed() != approved_as.sealed():
+                return None
+            await self._tell(tx, proposal)
+            return proposal
+
         return await add_approval(self._db, self._chain, proposal_id, approval, required=required, counts=counts,
-                                  audit=audit, approved=self._changed)
+                                  audit=audit, approved=claimed)
 
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(

@@ -1,6 +1,7 @@
 """Approvals in SQL: the two-person rule (and its one-person case).
 
-    add_approval(id, approval)           in one durable transaction:
+    add_approval(id, approval)           in one durable transaction (the approval service waits for the
+                                          proposal's turn first: `ProposalRepository.turn`):
       lock `proposal:<id>`                every approval of this proposal, on every replica, queues here
       read it with its approvals          (each statement after the lock sees what the previous holder committed);
                                           no longer pending → `not_pending` at once, nothing written
@@ -9,6 +10,7 @@
                             no  → UPDATE … SET status = status   WHERE id = ? AND status = 'pending' …
       the UPDATE changed no row → roll back: `not_pending` (rejected, expired, claimed meanwhile)
       the audit row                        `approved` or `approval_recorded`, committed with it
+      a claimed row unlike the proposal the operator approved (`approved` answers None) → roll back: `changed`
 
 Both UPDATEs are conditional on the proposal still being pending, so an approval never lands on a
 proposal a rejection or expiry committed first (on PostgreSQL the UPDATE waits for such a writer's row
@@ -21,16 +23,26 @@ costs, after which the proposal can never run again, even after a power loss.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from mcp_knecht.core.audit import AuditEntry
+from mcp_knecht.core.clock import timestamp
 from mcp_knecht.core.database import Database, Row, Transaction
-from mcp_knecht.core.proposals import Approval, QuorumOutcome
+from mcp_knecht.core.proposals import Approval, Proposal, ProposalState, QuorumResult
 from mcp_knecht.store.audit_log import AuditChain
 
 
 class _NotPending(Exception):
     """Rolls the transaction back: the proposal was not pending when this approval came to count."""
+
+    def __init__(self, state: ProposalState | None = None) -> None:
+        super().__init__()
+        self.state = state
+
+
+class _Changed(Exception):
+    """Rolls the claim back: the row is not the proposal the operator approved."""
 
 
 def approval(row: Row, prefix: str = "") -> Approval:
@@ -38,23 +50,44 @@ def approval(row: Row, prefix: str = "") -> Approval:
                     approved_at=row[f"{prefix}approved_at"], seal=row[f"{prefix}seal"])
 
 
+_STATE = "SELECT id, status, expires_at, decided_by, decided_at FROM proposals WHERE id = ?"
+
+
+def proposal_state(row: Row, now: str) -> ProposalState:
+    """The state of a row with `id, status, expires_at, decided_by, decided_at`; pending past its expiry
+    reads as expired."""
+    status = "expired" if row["status"] == "pending" and row["expires_at"] <= now else row["status"]
+    return ProposalState(row["id"], status, row["expires_at"], row["decided_by"], row["decided_at"])  # type: ignore[arg-type]
+
+
+async def read_state(db: Database, proposal_id: int) -> ProposalState | None:
+    rows = await db.lookup(_STATE, (proposal_id,))
+    return proposal_state(rows[0], timestamp()) if rows else None
+
+
 async def add_approval(
     db: Database, chain: AuditChain, proposal_id: int, new: Approval, *, required: int,
     counts: Callable[[Approval], bool], audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
-    approved: Callable[[Transaction, Row], Awaitable[object]] | None = None,
-) -> QuorumOutcome:
-    """`approved(tx, row)`: awaited in the transaction that completes the quorum, with the proposal's row."""
+    approved: Callable[[Transaction, Row], Awaitable[Proposal | None]] | None = None,
+) -> QuorumResult:
+    """`approved(tx, row)`: awaited in the transaction that completes the quorum, with the proposal's row;
+    the proposal it answers is the claim's (None: the row is not what was approved — rolled back)."""
+    claimed: Proposal | None = None
+    counted: tuple[Approval, ...] = ()
     try:
         async with db.transaction(durable=True) as tx:
             await tx.lock(f"proposal:{proposal_id}")
             rows = await tx.fetch_all(
-                "SELECT p.status, p.expires_at, a.operator, a.person, a.approved_at, a.seal FROM proposals p"
-                " LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ? ORDER BY a.id", (proposal_id,))
-            if not rows or rows[0]["status"] != "pending" or rows[0]["expires_at"] <= new.approved_at:
-                raise _NotPending  # decided (or expired) before this approval's turn: nothing written
+                "SELECT p.status, p.expires_at, p.decided_by, p.decided_at, a.operator, a.person, a.approved_at,"
+                " a.seal FROM proposals p LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ?"
+                " ORDER BY a.id", (proposal_id,))
+            if not rows:
+                raise _NotPending()
+            if rows[0]["status"] != "pending" or rows[0]["expires_at"] <= new.approved_at:
+                raise _NotPending(proposal_state({**rows[0], "id": proposal_id}, new.approved_at))
             earlier = [approval(row) for row in rows if row["person"] is not None]
             if any(a.person == new.person for a in earlier):
-                return "duplicate"
+                return QuorumResult("duplicate")
             await tx.execute(
                 "INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
                 " VALUES (?, ?, ?, ?, ?)",
@@ -65,20 +98,25 @@ async def add_approval(
             pending = "WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?"
             params: tuple[Any, ...] = (proposal_id, new.approved_at, new.operator)
             if completes:
-                claimed = await tx.fetch_all(
+                rows = await tx.fetch_all(
                     "UPDATE proposals SET status = 'executing', decided_by = ?, decided_at = ?, started_at = ?"
                     f" {pending} RETURNING *", (new.operator, new.approved_at, new.approved_at, *params))
-                changed = len(claimed)
-                if changed == 1 and approved is not None:
-                    await approved(tx, claimed[0])
+                changed = len(rows)
+                if changed == 1 and approved is not None and (claimed := await approved(tx, rows[0])) is None:
+                    raise _Changed
             else:  # changes nothing, but only while pending, and holds the row until this commits
                 changed = await tx.execute(f"UPDATE proposals SET status = status {pending}", params)
             if changed != 1:
-                raise _NotPending
+                raise _NotPending(await read_state(db, proposal_id))
             await chain.append(tx, [audit(counted, completes)])
-    except _NotPending:
-        return "not_pending"
-    return "claimed" if completes else "recorded"
+    except _NotPending as exc:
+        return QuorumResult("not_pending", state=exc.state)
+    except _Changed:
+        return QuorumResult("changed")
+    if not completes:
+        return QuorumResult("recorded", approvals=counted)
+    return QuorumResult("claimed", claimed=replace(claimed, approvals=counted) if claimed else None,
+                        approvals=counted)
 
 
 async def approvals_of(db: Database, ids: Sequence[int]) -> dict[int, tuple[Approval, ...]]:

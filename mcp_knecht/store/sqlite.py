@@ -32,8 +32,8 @@ import os
 import random
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from mcp_knecht.core.database import Params, Row
 from mcp_knecht.core.database_url import normalise, sqlite_path
 from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
+from mcp_knecht.store.turns import release_turns, shared_turns
 
 try:
     import fcntl
@@ -257,6 +258,9 @@ class SQLiteDatabase:
         self._writers = writers
         self._commits = 0
         self._rows_at_checkpoint = 0
+        self._path = sqlite_path(url)
+        self._turns = shared_turns(self._path)
+        self._closed = False
 
     @classmethod
     async def open(cls, url: str) -> SQLiteDatabase:
@@ -308,6 +312,10 @@ class SQLiteDatabase:
                     yield row  # type: ignore[misc]
         finally:
             await conn.close()
+
+    def turn(self, name: str, *, moved: Callable[[], Awaitable[bool]]) -> AbstractAsyncContextManager[bool]:
+        """Across our processes too: a record lock on one byte of `<db>-turns` per name."""
+        return self._turns.turn(name, moved=moved)
 
     @asynccontextmanager
     async def transaction(self, *, durable: bool = False) -> AsyncIterator[_WriterTransaction]:
@@ -415,3 +423,6 @@ class SQLiteDatabase:
             self._writer.close()
             if self._writers is not None:
                 self._writers.close()
+            if not self._closed:
+                self._closed = True
+                release_turns(self._path)

@@ -1,0 +1,136 @@
+"""Turns: one holder per name at a time, and waiters that can stop waiting once it is pointless.
+
+    async with db.turn("proposal:12", moved=decided_meanwhile) as mine:
+        if not mine:      # we had to wait, and `moved()` says the turn before ours settled it
+            ...
+        ...               # ours: nobody else holds "proposal:12" until this block ends
+
+A turn is not a transaction and takes no write lock: racing operators queue on the proposal they
+race for, not on the store, and the many who come too late learn it from one short read when their
+turn comes (`moved`) instead of each taking the store's write lock only to find the proposal decided.
+Correctness never rests on a turn — the transaction after it still checks everything under the
+write lock — so a turn that cannot be had across processes (no `fcntl`, a read-only folder) is
+only in-process, and nothing is wrong, only slower.
+
+Within a process a turn is an `anyio.Event` per held name: waiters wake the moment the holder
+leaves. Across processes (`Turns(path)`, SQLite) it is also a POSIX record lock on one byte of
+`<db>-turns` (the byte's offset a hash of the name): never blocked on, but tried again on every
+wake-up, which comes at least every few milliseconds. The kernel drops a dead process's locks, even
+after `kill -9`. POSIX record locks belong to the process, not to a file descriptor, so each
+process keeps one `Turns` per database file, shared by every connection to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+from mcp_knecht.errors import StoreBusyError
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: turns are only in-process there
+    fcntl = None  # type: ignore[assignment]
+
+Moved = Callable[[], Awaitable[bool]]
+"""Asked while waiting: True when waiting is pointless now (the caller gets `False` for its turn)."""
+
+POLL_FIRST, POLL_MAX = 0.002, 0.016
+"""Seconds between two looks at a turn held in another process: doubling from the first to the most."""
+WAIT_AT_MOST = 15.0
+"""A turn held longer than this (a stuck process) makes the waiter give up: "store busy"."""
+
+
+def _offset(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=7).digest(), "big")
+
+
+class Turns:
+    """The turns of one store in this process; `path`: the file whose record locks reach other processes."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._held: dict[str, anyio.Event] = {}
+        self._fd: int | None = None
+        if path is not None and fcntl is not None:
+            with contextlib.suppress(OSError):
+                self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def _try_across(self, name: str) -> bool:
+        if self._fd is None:
+            return True
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _offset(name))
+        except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
+            return False
+        except OSError:  # no record locks here (ENOLCK, …): the turn is only in-process
+            return True
+        return True
+
+    def _release_across(self, name: str) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, _offset(name))
+
+    @asynccontextmanager
+    async def turn(self, name: str, *, moved: Moved) -> AsyncIterator[bool]:
+        """Hold `name`'s turn (True). After waiting for it, `moved()` is asked first: when it is true the
+        turn is given back at once (False) — whoever held it settled what this caller came for."""
+        pause, deadline = POLL_FIRST, anyio.current_time() + WAIT_AT_MOST
+        waited = False
+        while (holder := self._held.get(name)) is not None or not self._try_across(name):
+            waited = True
+            if anyio.current_time() > deadline:
+                raise StoreBusyError(f"Waited {WAIT_AT_MOST:g} s for {name}, which another process holds. Nothing "
+                                     "was changed; retry in a moment.")
+            if holder is not None:
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    await holder.wait()  # set when it leaves: this process's holder
+            else:
+                await anyio.sleep(pause)  # another process's: a look every few milliseconds
+                pause = min(pause * 2, POLL_MAX)
+        left = self._held[name] = anyio.Event()
+        try:
+            yield not (waited and await moved())
+        finally:
+            del self._held[name]
+            self._release_across(name)
+            left.set()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_SHARED: dict[str, tuple[Turns, int]] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+def shared_turns(path: Path) -> Turns:
+    """This process's `Turns` of the database at `path` (see the module: one per file and process)."""
+    key = os.path.realpath(path)
+    with _SHARED_GUARD:
+        turns, users = _SHARED.get(key, (None, 0))
+        if turns is None:
+            turns = Turns(Path(f"{key}-turns"))
+        _SHARED[key] = (turns, users + 1)
+        return turns
+
+
+def release_turns(path: Path) -> None:
+    """One user of `shared_turns(path)` is done; the last one closes the file (which drops its locks)."""
+    key = os.path.realpath(path)
+    with _SHARED_GUARD:
+        turns, users = _SHARED[key]
+        if users > 1:
+            _SHARED[key] = (turns, users - 1)
+        else:
+            del _SHARED[key]
+            turns.close()

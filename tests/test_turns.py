@@ -1,0 +1,167 @@
+"""Turns: racing deciders of one proposal queue outside any transaction, and the late ones give up
+after one look (mcp_knecht.store.turns)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcp_knecht.errors import StoreBusyError
+from mcp_knecht.store import turns as turns_module
+from mcp_knecht.store.turns import Turns, release_turns, shared_turns
+
+pytestmark = pytest.mark.anyio
+
+HOLDER = textwrap.dedent("""
+    import sys, time, anyio
+    from pathlib import Path
+    from mcp_knecht.store.turns import Turns
+
+    async def main() -> None:
+        async def never_moved() -> bool:
+            return False
+        async with Turns(Path(sys.argv[1])).turn(sys.argv[2], moved=never_moved) as ours:
+            assert ours
+            print("holding", flush=True)
+            await anyio.sleep(float(sys.argv[3]))
+
+    anyio.run(main)
+""")
+
+
+def _hold_in_another_process(path: Path, name: str, seconds: float) -> subprocess.Popen[str]:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), name, str(seconds)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def _stop(holder: subprocess.Popen[str]) -> None:
+    holder.kill()
+    holder.communicate()
+
+
+async def test_an_uncontended_turn_is_held_at_once_and_asks_nothing(tmp_path: Path) -> None:
+    asked = 0
+
+    async def moved() -> bool:
+        nonlocal asked
+        asked += 1
+        return True
+
+    turns = Turns(tmp_path / "db-turns")
+    async with turns.turn("proposal:1", moved=moved) as ours:
+        assert ours
+    assert asked == 0
+
+
+async def test_in_process_waiters_wake_when_the_holder_leaves_and_give_up_once_it_settled_their_business(
+    tmp_path: Path,
+) -> None:
+    turns = Turns(tmp_path / "db-turns")
+    decided = False
+    answers: list[bool] = []
+
+    async def moved() -> bool:
+        return decided
+
+    async def late() -> None:
+        async with turns.turn("proposal:1", moved=moved) as ours:
+            answers.append(ours)
+
+    async with anyio.create_task_group() as tasks, turns.turn("proposal:1", moved=moved) as ours:
+        assert ours
+        for _ in range(5):
+            tasks.start_soon(late)
+        await anyio.sleep(0.05)
+        assert answers == []  # all still waiting
+        decided = True
+    assert answers == [False] * 5
+    async with turns.turn("proposal:2", moved=moved) as ours:  # another name was never held
+        assert ours
+
+
+async def test_a_waiter_whose_business_is_still_open_gets_the_turn_after_the_holder(tmp_path: Path) -> None:
+    turns = Turns(tmp_path / "db-turns")
+    order: list[str] = []
+
+    async def still_open() -> bool:
+        return False
+
+    async def second() -> None:
+        async with turns.turn("proposal:1", moved=still_open) as ours:
+            assert ours
+            order.append("second")
+
+    async with anyio.create_task_group() as tasks, turns.turn("proposal:1", moved=still_open):
+        tasks.start_soon(second)
+        await anyio.sleep(0.02)
+        order.append("first")
+    assert order == ["first", "second"]
+
+
+async def test_a_turn_held_by_another_process_is_waited_for_and_freed_by_its_death(tmp_path: Path) -> None:
+    path = tmp_path / "db-turns"
+    holder = _hold_in_another_process(path, "proposal:7", 60)
+    looks = 0
+
+    async def moved() -> bool:
+        nonlocal looks
+        looks += 1
+        return False
+
+    got: list[bool] = []
+
+    async def wait_for_it() -> None:
+        async with Turns(path).turn("proposal:7", moved=moved) as ours:
+            got.append(ours)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(wait_for_it)
+            await anyio.sleep(0.3)
+            assert got == []  # held elsewhere: this process waits
+            async with Turns(path).turn("proposal:8", moved=moved) as ours:  # another proposal is free
+                assert ours
+            os.kill(holder.pid, signal.SIGKILL)  # the kernel drops a dead process's record locks
+    finally:
+        _stop(holder)
+    assert got == [True] and looks == 1  # asked once, after waiting; the business was still open
+
+
+async def test_a_turn_held_too_long_elsewhere_makes_the_waiter_give_up_with_store_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(turns_module, "WAIT_AT_MOST", 0.3)
+    path = tmp_path / "db-turns"
+    holder = _hold_in_another_process(path, "proposal:9", 30)
+
+    async def moved() -> bool:
+        return False
+
+    try:
+        with pytest.raises(StoreBusyError, match="retry in a moment"):
+            async with Turns(path).turn("proposal:9", moved=moved):
+                pass
+    finally:
+        _stop(holder)
+
+
+def test_one_process_shares_one_turns_file_per_database_and_the_last_user_closes_it(tmp_path: Path) -> None:
+    db = tmp_path / "knecht.db"
+    first, second = shared_turns(db), shared_turns(tmp_path / "." / "knecht.db")
+    assert first is second  # POSIX record locks belong to the process: one file descriptor for all
+    assert oct((tmp_path / "knecht.db-turns").stat().st_mode & 0o777) == "0o600"
+    release_turns(db)
+    assert shared_turns(db) is first
+    release_turns(db)
+    release_turns(db)
+    assert shared_turns(db) is not first
+    release_turns(db)
