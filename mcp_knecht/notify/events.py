@@ -66,10 +66,12 @@ def summarise_arguments(shown_json: str) -> str:
     return _clip(", ".join(parts), MAX_SUMMARY)
 
 
-def snapshot(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> dict[str, Any]:
-    """The facts of `event` about `proposal`, masked. The exact frozen arguments never enter:
-    only `arguments_shown` (the scrubbed form). Every text is scrubbed whole before it is cut
-    short, so that no secret can survive as an unrecognisable fragment, and the result again."""
+def snapshot(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> str:
+    """The facts of `event` about `proposal`, masked, as the JSON text the outbox stores. The exact
+    frozen arguments never enter: only `arguments_shown` (the scrubbed form). Every text is scrubbed
+    whole before it is cut short, so that no secret can survive as an unrecognisable fragment, and
+    the result again; a result the scrubber changed is parsed once more, so that a mask can never
+    leave the outbox a row its router cannot read."""
     shown = scrub(proposal.arguments_shown or proposal.arguments_json)
     facts: dict[str, Any] = {
         "id": proposal.id,
@@ -96,4 +98,6 @@ def snapshot(proposal: Proposal, event: str, scrub: Callable[[str], str]) -> dic
         facts.update(decided_by=proposal.decided_by, finished_at=proposal.finished_at)
         if proposal.error:
             facts["error"] = _clip(scrub(proposal.error), MAX_TEXT)
-    return json.loads(scrub(json.dumps(facts, ensure_ascii=False)))  # type: ignore[no-any-return]
+    text = json.dumps(facts, ensure_ascii=False)
+    masked = scrub(text)
+    return text if masked == text else json.dumps(json.loads(masked), ensure_ascii=False)

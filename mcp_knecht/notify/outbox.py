@@ -73,10 +73,9 @@ class OutboxWriter:
         event = EVENT_FOR_STATUS.get(proposal.status)
         if event is None:
             return
-        facts = snapshot(proposal, event, self._scrub)
         await tx.execute(
             "INSERT INTO notify_outbox (uid, event, proposal_id, payload_json, created_at) VALUES (?, ?, ?, ?, ?)",
-            (f"evt_{uuid.uuid4().hex}", event, proposal.id, json.dumps(facts, ensure_ascii=False), timestamp()),
+            (f"evt_{uuid.uuid4().hex}", event, proposal.id, snapshot(proposal, event, self._scrub), timestamp()),
         )
 
 

@@ -253,6 +253,7 @@ class SQLiteDatabase:
         self._reader_conn = reader
         self._lookups = _Lookups(lookups, self._reader)
         self._lookups_conn = lookups
+        self._warm_lookups = _Lookups(writer, self._reader)
         self._writer = writer
         self._write_lock = anyio.Lock()
         self._writers = writers
@@ -300,6 +301,11 @@ class SQLiteDatabase:
         return await self._reader.fetch_one(sql, params)
 
     async def lookup(self, sql: str, params: Params = ()) -> list[Row]:
+        """On the writer's connection while it is idle: SQLite drops a connection's page cache whenever
+        another connection has committed since its last read, and the writer's own commits are most of
+        them — its cache holds exactly the pages a decision reads next."""
+        if not self._write_lock.locked() and not self._writer.in_transaction and sql.lstrip()[:6].upper() == "SELECT":
+            return await self._warm_lookups.fetch_all(sql, params)
         return await self._lookups.fetch_all(sql, params)
 
     async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:

@@ -165,7 +165,11 @@ class DecisionApi:
 
     async def approve(self, request: Request, actor: Actor) -> JSONResponse:
         proposal_id = _proposal_id(request)
-        seen = await self._visible(proposal_id, actor)
+        seen: Proposal | None = None
+        if not actor.holds(DECIDE):
+            seen = await self._visible(proposal_id, actor)  # a 404 for another's, else the 403 below
+        elif await self._app.proposals.state(proposal_id) is None:  # an operator sees every proposal
+            raise ApiError(404, "not_found", f"Proposal #{proposal_id} does not exist.")
         operator = self._operator(actor)
         expect_hash = _text(await _body(request, {"expect_hash"}), "expect_hash", required=False)
         decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash, seen=seen)
