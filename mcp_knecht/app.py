@@ -166,10 +166,12 @@ async def _expire_proposals(app: App) -> None:
 
 @asynccontextmanager
 async def open_app(settings: Settings, *, extra_tools: Iterable[Tool] = (),
-                   watch_policy: bool = True, observe: Observer | None = None) -> AsyncIterator[App]:
-    """The assembled app with its background tasks; `observe` sees every gate outcome (monitoring)."""
+                   watch_policy: bool = True, observe: Observer | None = None,
+                   blocking_store: bool = False) -> AsyncIterator[App]:
+    """The assembled app with its background tasks; `observe` sees every gate outcome (monitoring).
+    `blocking_store`: for a CLI that does one thing at a time (`mcp_knecht.store.open_database`)."""
     keys = load_server_keys(settings)
-    db = await open_database(settings.database_url)
+    db = await open_database(settings.database_url, blocking=blocking_store)
     changes = open_change_feed(db)
     try:
         audit = AuditLog(db, AuditChain(keys))

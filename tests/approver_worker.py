@@ -32,7 +32,7 @@ async def race(name: str, first: int, last: int, seed: int | None = None) -> dic
     ids = list(range(first, last + 1))
     if seed is not None:
         random.Random(seed).shuffle(ids)
-    async with open_app(load_settings(), watch_policy=False) as app:
+    async with open_app(load_settings(), watch_policy=False, blocking_store=True) as app:  # as knecht-approve
         service = app.approvals
         started, cpu = time.perf_counter(), _cpu_seconds()
         for proposal_id in ids:

@@ -132,3 +132,63 @@ async def test_writers_of_one_file_queue_and_one_that_gives_up_leaves_the_queue_
     finally:
         await first.close()
         await second.close()
+
+
+HOLD_WRITERS_QUEUE = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+async def test_a_blocking_store_waits_for_another_process_in_its_own_thread_and_then_says_store_busy(
+    tmp_path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """What `knecht-approve` opens: a wait for another process's turn at writing blocks the caller's
+    thread (nothing else runs in a CLI meanwhile) and writes once it is free. A process stuck in the
+    queue past the busy timeout stops nothing (the queue only orders our writers; SQLite's own lock
+    decides), and one holding SQLite's write lock that long gets "store busy", nothing written."""
+    import subprocess
+    import sys
+
+    from mcp_knecht.errors import StoreBusyError
+    from mcp_knecht.store import open_database
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    db = await open_database(url, blocking=True)
+
+    def holder(seconds: float) -> subprocess.Popen[str]:
+        process = subprocess.Popen([sys.executable, "-c", HOLD_WRITERS_QUEUE, f"{tmp_path / 'cli.db'}-writers",
+                                    str(seconds)], stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline().strip() == "holding"
+        return process
+
+    try:
+        async with db.transaction() as tx:
+            await tx.execute("CREATE TABLE log (who TEXT)")
+        first = holder(0.4)
+        started = time.monotonic()
+        async with db.transaction(durable=True) as tx:
+            await tx.execute("INSERT INTO log VALUES ('after the other')")
+        assert time.monotonic() - started >= 0.3  # it waited for the other process
+        first.communicate()
+        monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
+        stuck = holder(30)
+        try:
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO log VALUES ('past a stuck queue')")
+        finally:
+            stuck.kill()
+            stuck.communicate()
+        async with lock_held_elsewhere(str(tmp_path / "cli.db"), 1.0):
+            with pytest.raises(StoreBusyError, match="retry in a moment"):
+                async with db.transaction() as tx:
+                    await tx.execute("INSERT INTO log VALUES ('never')")
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO log VALUES ('again')")
+        rows = await db.fetch_all("SELECT who FROM log ORDER BY rowid")
+        assert [r["who"] for r in rows] == ["after the other", "past a stuck queue", "again"]
+    finally:
+        await db.close()

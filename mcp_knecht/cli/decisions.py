@@ -189,5 +189,5 @@ async def open_decisions(settings: Settings, *, server: str | None, as_name: str
         return
     from mcp_knecht.app import open_app
 
-    async with open_app(settings, watch_policy=False) as app:
+    async with open_app(settings, watch_policy=False, blocking_store=True) as app:  # one decision at a time
         yield DirectDecisions(app, settings, as_name)

@@ -6,13 +6,16 @@ from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.core.database_url import dialect_of
 
 
-async def open_database(url: str, *, migrate: bool = True) -> Database:
-    """Open the store at `url` and bring its schema up to date."""
+async def open_database(url: str, *, migrate: bool = True, blocking: bool = False) -> Database:
+    """Open the store at `url` and bring its schema up to date. `blocking`: only for a process that does
+    one thing at a time (a CLI deciding a proposal) — SQLite then waits for another process's write
+    lock and for the disk in the caller's thread, not in a worker thread; PostgreSQL's waits are in
+    the server either way."""
     dialect = dialect_of(url)
     if dialect == "sqlite":
         from mcp_knecht.store.sqlite import SQLiteDatabase
 
-        db: Database = await SQLiteDatabase.open(url)
+        db: Database = await SQLiteDatabase.open(url, blocking=blocking)
     else:
         from mcp_knecht.store.postgresql import PostgresDatabase
 

@@ -32,6 +32,7 @@ import os
 import random
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -236,6 +237,19 @@ class _WriterQueue:
             state["abandoned"] = True
             return state["held"]
 
+    def acquire_here(self, timeout: float) -> bool:
+        """`acquire` without a worker thread, for a process with nothing else to run meanwhile: looks
+        again after a pause that grows from 50 µs to 2 ms, blocking its caller's thread."""
+        pause, deadline = 0.00005, time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+
     def release(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -247,8 +261,9 @@ class SQLiteDatabase:
     dialect = "sqlite"
 
     def __init__(self, url: str, reader: aiosqlite.Connection, writer: sqlite3.Connection,
-                 lookups: sqlite3.Connection, writers: _WriterQueue | None = None) -> None:
+                 lookups: sqlite3.Connection, writers: _WriterQueue | None = None, *, blocking: bool = False) -> None:
         self.url = url
+        self._blocking = blocking
         self._reader = _Reader(reader)
         self._reader_conn = reader
         self._lookups = _Lookups(lookups, self._reader)
@@ -264,7 +279,11 @@ class SQLiteDatabase:
         self._closed = False
 
     @classmethod
-    async def open(cls, url: str) -> SQLiteDatabase:
+    async def open(cls, url: str, *, blocking: bool = False) -> SQLiteDatabase:
+        """`blocking`: waits for the store — another process's write lock, the disk's flush of a durable
+        commit, a checkpoint — block the caller's thread instead of going to a worker thread. Only for a
+        process that does one thing at a time (a CLI deciding a proposal): its event loop has nothing
+        else to run meanwhile, and a hop to a worker thread and back is most of what a wait costs."""
         url = normalise(url)
         path = sqlite_path(url)
         try:
@@ -292,7 +311,7 @@ class SQLiteDatabase:
             writers: _WriterQueue | None = _WriterQueue(path)
         except OSError:  # a read-only folder, or no flock: SQLite alone orders the writers, by polling
             writers = None
-        return cls(url, reader, writer, lookups, writers)
+        return cls(url, reader, writer, lookups, writers, blocking=blocking)
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
         return await self._reader.fetch_all(sql, params)
@@ -342,7 +361,12 @@ class SQLiteDatabase:
         `BUSY_TIMEOUT_MS` in all. SQLite's own busy handler sleeps in steps up to 100 ms, which
         leaves the lock idle while racing writers sleep."""
         deadline = anyio.current_time() + BUSY_TIMEOUT_MS / 1000
-        queued = self._writers is not None and await self._writers.acquire(BUSY_TIMEOUT_MS / 1000)
+        if self._writers is None:
+            queued = False
+        elif self._blocking:
+            queued = self._writers.acquire_here(BUSY_TIMEOUT_MS / 1000)
+        else:
+            queued = await self._writers.acquire(BUSY_TIMEOUT_MS / 1000)
         try:
             await self._begin_immediate(deadline)
         except BaseException:
@@ -388,7 +412,7 @@ class SQLiteDatabase:
                 self._writer.execute("ROLLBACK")
                 raise
             try:
-                if durable:  # it waits for the disk (fsync): off the event loop
+                if durable and not self._blocking:  # it waits for the disk (fsync): off the event loop
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._writer.execute, "COMMIT")
                 else:  # writes the WAL into the page cache: microseconds (no checkpoint: see the module)
@@ -401,8 +425,11 @@ class SQLiteDatabase:
             rows = self._writer.total_changes
             if self._commits >= CHECKPOINT_EVERY or rows - self._rows_at_checkpoint >= CHECKPOINT_ROWS:
                 self._commits, self._rows_at_checkpoint = 0, rows
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._checkpoint)
+                if self._blocking:
+                    self._checkpoint()
+                else:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._checkpoint)
         finally:
             if queued:
                 self._writers.release()  # type: ignore[union-attr]
