@@ -14,6 +14,7 @@
     │   └── ConflictError            "conflict"       the state does not allow this now
     ├── DecisionError                (an operator's approve/reject could not take effect)
     │   ├── NotPendingError          "not_pending"    unknown, expired, already decided (lost race)
+    │   │   └── UnknownProposalError "not_found"      no proposal has this id
     │   ├── SelfApprovalError        "self_approval"  operators cannot approve their own proposals
     │   ├── AlreadyApprovedError     "already_approved"  a quorum needs another operator, not you again
     │   └── HashMismatchError        "hash_mismatch"  the frozen call is not the one the operator saw
@@ -103,6 +104,10 @@ class DecisionError(KnechtError):
 
 class NotPendingError(DecisionError):
     code = "not_pending"
+
+
+class UnknownProposalError(NotPendingError):
+    code = "not_found"
 
 
 class SelfApprovalError(DecisionError):

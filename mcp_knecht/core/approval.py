@@ -51,6 +51,7 @@ from mcp_knecht.errors import (
     NotPendingError,
     SelfApprovalError,
     TamperedError,
+    UnknownProposalError,
     UsageError,
 )
 
@@ -110,7 +111,7 @@ class ApprovalService:
     @staticmethod
     def _not_pending(proposal: ProposalState | None, proposal_id: int | None = None) -> NotPendingError:
         if proposal is None:
-            return NotPendingError(f"Proposal #{proposal_id} does not exist.")
+            return UnknownProposalError(f"Proposal #{proposal_id} does not exist.")
         if proposal.status == "expired":
             return NotPendingError(f"Proposal #{proposal.id} expired at {proposal.expires_at}; it cannot be decided.")
         who = f" by {proposal.decided_by} at {proposal.decided_at}" if proposal.decided_by else ""

@@ -39,6 +39,7 @@ from mcp_knecht.errors import (
     NotPendingError,
     SelfApprovalError,
     TamperedError,
+    UnknownProposalError,
     UsageError,
 )
 
@@ -49,7 +50,7 @@ MAX_PAGE = 200
 MAX_BODY_BYTES = 16_384
 _STATUS_OF: list[tuple[type[KnechtError], int]] = [
     (AuthError, 401), (SelfApprovalError, 403), (HashMismatchError, 403), (UsageError, 400),
-    (TamperedError, 409), (NotPendingError, 409), (DecisionError, 409),
+    (UnknownProposalError, 404), (TamperedError, 409), (NotPendingError, 409), (DecisionError, 409),
 ]
 
 
@@ -165,14 +166,12 @@ class DecisionApi:
 
     async def approve(self, request: Request, actor: Actor) -> JSONResponse:
         proposal_id = _proposal_id(request)
-        seen: Proposal | None = None
-        if not actor.holds(DECIDE):
-            seen = await self._visible(proposal_id, actor)  # a 404 for another's, else the 403 below
-        elif await self._app.proposals.state(proposal_id) is None:  # an operator sees every proposal
-            raise ApiError(404, "not_found", f"Proposal #{proposal_id} does not exist.")
+        if not actor.holds(DECIDE):  # a 404 for another's proposal, else the 403 of `_operator`
+            await self._visible(proposal_id, actor)
         operator = self._operator(actor)
         expect_hash = _text(await _body(request, {"expect_hash"}), "expect_hash", required=False)
-        decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash, seen=seen)
+        # An operator sees every proposal: `approve` starts from where it stands (a lost race is one short row).
+        decided = await self._app.approvals.approve(proposal_id, operator, expect_hash=expect_hash)
         return JSONResponse(decided.document())
 
     async def reject(self, request: Request, actor: Actor) -> JSONResponse:
