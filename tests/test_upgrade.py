@@ -23,10 +23,17 @@ RELEASE = Path(__file__).parent / "data" / "release_0_1_0"
 executed, one rejected, one pending with a secret value) and nine audit rows."""
 
 
+# The dump's pending proposal expired on 2026-12-02 (24 h after it was made); the upgrade is not about
+# expiry, so it is restored as pending whatever today's date.
+STILL_PENDING = "UPDATE proposals SET expires_at = '9999-12-31T00:00:00.000000Z' WHERE status = 'pending'"
+
+
 async def _restore(url: str) -> None:
     if url.startswith("sqlite:///"):
         connection = sqlite3.connect(url.removeprefix("sqlite:///"))
         connection.executescript((RELEASE / "sqlite.sql").read_text(encoding="utf-8"))
+        connection.execute(STILL_PENDING)
+        connection.commit()
         connection.close()
         return
     parts = urlsplit(url)
@@ -36,6 +43,7 @@ async def _restore(url: str) -> None:
     connection = await asyncpg.connect(parts._replace(query="").geturl())
     try:
         await connection.execute(dump)
+        await connection.execute(STILL_PENDING.replace("proposals", f"{schema}.proposals"))
     finally:
         await connection.close()
 
