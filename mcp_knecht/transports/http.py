@@ -29,7 +29,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_knecht.app import App
@@ -214,7 +214,6 @@ def build_http_app(
         token_verifier=_SdkTokenVerifier(verifier),
         custom_starlette_routes=[
             Route("/healthz", health, methods=["GET"]),
-            *DecisionApi(app, verifier).routes(),
             *ai_routes(app, verifier),
             *chat_routes(app, verifier),
             metrics_route(metrics, app.settings.metrics_token, sessions_open=lambda: _sessions_open(server)),
@@ -231,7 +230,29 @@ def build_http_app(
     for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource" + MCP_PATH):
         asgi.router.routes.insert(0, Route(path, resource_metadata, methods=["GET"]))
     asgi.add_middleware(ExplainUnauthorized, path=MCP_PATH, hint=token_hint(app.settings))
+    asgi.add_middleware(ServedFirst, prefix=DECISIONS_PREFIX, routes=DecisionApi(app, verifier).routes())
     return asgi
+
+
+DECISIONS_PREFIX = "/api/proposals"
+
+
+class ServedFirst:
+    """Routes under `prefix` that verify their caller's token themselves, served before the SDK's
+    authentication middleware, which would verify the same bearer token once more on every request
+    (the decision API: eight racing operators make eight requests per decision)."""
+
+    def __init__(self, app: ASGIApp, *, prefix: str, routes: list[Route]) -> None:
+        self._app = app
+        self._prefix = prefix
+        self._router = Router(routes=routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == self._prefix or path.startswith(self._prefix + "/"):
+            await self._router(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
 
 
 def _sessions_open(server: Any) -> int:
