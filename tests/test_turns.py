@@ -133,7 +133,7 @@ async def test_a_turn_held_by_another_process_is_waited_for_and_freed_by_its_dea
             os.kill(holder.pid, signal.SIGKILL)  # the kernel drops a dead process's record locks
     finally:
         _stop(holder)
-    assert got == [True] and looks == 1  # asked once, after waiting; the business was still open
+    assert got == [True] and looks >= 1  # asked while it waited; the business was still open, so it waited on
 
 
 async def test_a_turn_held_too_long_elsewhere_makes_the_waiter_give_up_with_store_busy(

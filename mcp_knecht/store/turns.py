@@ -42,8 +42,10 @@ except ImportError:  # not on Windows: turns are only in-process there
 Moved = Callable[[], Awaitable[bool]]
 """Asked while waiting: True when waiting is pointless now (the caller gets `False` for its turn)."""
 
-POLL_FIRST, POLL_MAX = 0.002, 0.016
-"""Seconds between two looks at a turn held in another process: doubling from the first to the most."""
+POLL_FIRST, POLL_MAX = 0.004, 0.032
+"""Seconds between two looks at a turn held in another process: doubling from the first to the most.
+A claim holds its turn a millisecond or a few; every look wakes a process whose caches went cold
+meanwhile (eight racing approvers share two cores), so fewer, later looks cost the late ones less."""
 WAIT_AT_MOST = 15.0
 """A turn held longer than this (a stuck process) makes the waiter give up: "store busy"."""
 
@@ -80,11 +82,15 @@ class Turns:
 
     @asynccontextmanager
     async def turn(self, name: str, *, moved: Moved) -> AsyncIterator[bool]:
-        """Hold `name`'s turn (True). After waiting for it, `moved()` is asked first: when it is true the
-        turn is given back at once (False) — whoever held it settled what this caller came for."""
+        """Hold `name`'s turn (True). Once the caller has had to wait, `moved()` is asked at every look
+        (held or not): when it is true the caller gets False at once — whoever held the turn settled
+        what it came for — and the late ones do not queue for the turn one after another."""
         pause, deadline = POLL_FIRST, anyio.current_time() + WAIT_AT_MOST
         waited = False
         while (holder := self._held.get(name)) is not None or not self._try_across(name):
+            if waited and await moved():
+                yield False
+                return
             waited = True
             if anyio.current_time() > deadline:
                 raise StoreBusyError(f"Waited {WAIT_AT_MOST:g} s for {name}, which another process holds. Nothing "
