@@ -198,7 +198,8 @@ class ApprovalService:
 
     def _approval(self, proposal: Proposal, operator: Operator) -> Approval:
         unsealed = Approval(operator.recorded_as, person(operator.name), clock.timestamp(), "")
-        return replace(unsealed, seal=self._keys.mac("approval", unsealed.seal_text(proposal.id, proposal.seal)))
+        seal = self._keys.mac("approval", unsealed.seal_text(proposal.id, proposal.seal))
+        return Approval(unsealed.operator, unsealed.person, unsealed.approved_at, seal)
 
     async def reject(self, proposal_id: int, operator: Operator, reason: str) -> Proposal:
         if not reason.strip():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any, Final
 
 from mcp_knecht.core.proposals import Proposal
@@ -53,6 +54,7 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@lru_cache(maxsize=256)  # a decision's events (decided, then executed) summarise the same arguments
 def summarise_arguments(shown_json: str) -> str:
     """`key=value, …` on one line, each value and the whole bounded: for a message, not a record."""
     try:

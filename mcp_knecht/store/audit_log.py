@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -103,7 +103,8 @@ class AuditChain:
         return self._keys.mac("audit", text) if keyed else sha256_hex(text)
 
     def _signed(self, anchor: Anchor) -> Anchor:
-        return replace(anchor, mac=self._keys.mac("audit-anchor", anchor.message()))
+        return Anchor(anchor.row_count, anchor.head_id, anchor.head_hash, anchor.keyed_from,
+                      self._keys.mac("audit-anchor", anchor.message()))
 
     async def _anchor(self, source: Transaction | Database) -> Anchor | None:
         row = await source.fetch_one(

@@ -42,7 +42,7 @@ def _effective_status(row: Row, now: str) -> str:
     return "expired" if row["status"] == "pending" and row["expires_at"] <= now else str(row["status"])
 
 
-def _proposal(row: Row, now: str) -> Proposal:
+def _proposal(row: Row, now: str, approvals: tuple[Approval, ...] = ()) -> Proposal:
     return Proposal(
         id=row["id"], tool=row["tool"], action=row["action"],
         arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
@@ -55,7 +55,7 @@ def _proposal(row: Row, now: str) -> Proposal:
         started_at=row["started_at"], finished_at=row["finished_at"],
         result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
         arguments_shown=row.get("arguments_shown"), seal=row.get("seal"),
-        approvers=int(row.get("approvers") or 1), policy_reason=row.get("policy_reason"),
+        approvers=int(row.get("approvers") or 1), policy_reason=row.get("policy_reason"), approvals=approvals,
     )
 
 
@@ -125,7 +125,7 @@ class SqlProposalRepository:
         if not rows:
             return None
         found = tuple(approval(row, prefix="approval_") for row in rows if row["approval_person"] is not None)
-        return replace(_proposal(rows[0], clock.timestamp()), approvals=found)
+        return _proposal(rows[0], clock.timestamp(), found)
 
     async def state(self, proposal_id: int) -> ProposalState | None:
         return await read_state(self._db, proposal_id)
