@@ -14,16 +14,18 @@ only in-process, and nothing is wrong, only slower.
 
 Within a process a turn is an `anyio.Event` per held name: waiters wake the moment the holder
 leaves. Across processes (`Turns(path)`, SQLite) it is also a POSIX record lock on one byte of
-`<db>-turns` (the byte's offset a hash of the name): never blocked on, but tried again on every
-wake-up, which comes at least every few milliseconds. The kernel drops a dead process's locks, even
-after `kill -9`. POSIX record locks belong to the process, not to a file descriptor, so each
-process keeps one `Turns` per database file, shared by every connection to it.
+`<db>-turns` (the byte's offset a hash of the name): never blocked on, but tried again at every
+look (after 4 ms, then doubling up to 32 ms). The kernel drops a dead process's locks, even after
+`kill -9`; one held longer than `WAIT_AT_MOST` (a stopped process) is gone on without. POSIX record
+locks belong to the process, not to a file descriptor, so each process keeps one `Turns` per
+database file, shared by every connection to it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,12 +34,12 @@ from pathlib import Path
 
 import anyio
 
-from mcp_knecht.errors import StoreBusyError
-
 try:
     import fcntl
 except ImportError:  # not on Windows: turns are only in-process there
     fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
 
 Moved = Callable[[], Awaitable[bool]]
 """Asked while waiting: True when waiting is pointless now (the caller gets `False` for its turn)."""
@@ -47,7 +49,7 @@ POLL_FIRST, POLL_MAX = 0.004, 0.032
 A claim holds its turn a millisecond or a few; every look wakes a process whose caches went cold
 meanwhile (eight racing approvers share two cores), so fewer, later looks cost the late ones less."""
 WAIT_AT_MOST = 15.0
-"""A turn held longer than this (a stuck process) makes the waiter give up: "store busy"."""
+"""A turn held longer than this by another process (a stopped one) is gone on without."""
 
 
 def _offset(name: str) -> int:
@@ -92,9 +94,12 @@ class Turns:
                 yield False
                 return
             waited = True
-            if anyio.current_time() > deadline:
-                raise StoreBusyError(f"Waited {WAIT_AT_MOST:g} s for {name}, which another process holds. Nothing "
-                                     "was changed; retry in a moment.")
+            if holder is None and anyio.current_time() > deadline:
+                # A process stopped while holding it (SIGSTOP, a debugger) must not stop every decision of
+                # it: go on without the turn; the transaction after it still decides.
+                logger.warning("%s has been held by another process for %g s; going on without its turn",
+                               name, WAIT_AT_MOST)
+                break
             if holder is not None:
                 with anyio.move_on_after(deadline - anyio.current_time()):
                     await holder.wait()  # set when it leaves: this process's holder
