@@ -332,3 +332,45 @@ async def test_an_approval_that_only_counted_is_told_so_even_when_another_comple
         now = await app.approvals.checked(proposal_id)
         assert now.status == "succeeded" and now.decided_by == "local:carol"
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"two-race": 1}
+
+
+class _RowRewrittenBeforeTheClaim:
+    """The real repository; between the operator's seal-checked read and the claim, someone with write
+    access to the database swaps the proposal's arguments (keeping its seal, which they cannot forge)."""
+
+    def __init__(self, real: SqlProposalRepository, db: Database) -> None:
+        self._real, self._db = real, db
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def add_approval(self, proposal_id: int, *args: Any, **kwargs: Any) -> Any:
+        async with self._db.transaction() as tx:
+            await tx.execute("UPDATE proposals SET arguments_json = ? WHERE id = ?",
+                             ('{"label":"swapped"}', proposal_id))
+        return await self._real.add_approval(proposal_id, *args, **kwargs)
+
+
+async def test_a_row_rewritten_between_the_operators_read_and_the_claim_is_not_claimed_and_runs_nothing(
+    quorum_env: dict[str, str],
+) -> None:
+    from mcp_knecht.core.approval import ApprovalService, Operator
+    from mcp_knecht.errors import TamperedError
+
+    [proposal_id] = await _stage(quorum_env, "one-original")
+    async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
+        racing = ApprovalService(_RowRewrittenBeforeTheClaim(app.proposals, app.db),  # type: ignore[arg-type]
+                                 app.gate, app.audit, app.keys)
+        with pytest.raises(TamperedError, match="fails its seal"):
+            await racing.approve(proposal_id, Operator("bob"))
+        state = await app.proposals.state(proposal_id)
+        assert state is not None and state.status == "pending" and state.decided_by is None  # the claim rolled back
+        approvals = await app.db.fetch_all("SELECT * FROM proposal_approvals WHERE proposal_id = ?", (proposal_id,))
+        assert approvals == []
+        tampered = await app.db.fetch_all(
+            "SELECT subject, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
+        assert [(row["subject"], json.loads(row["detail"])["problem"]) for row in tampered] == [
+            ("local:bob", "row changed before its claim")]
+        with pytest.raises(TamperedError):  # and the row, as it now is, is refused by every later read
+            await app.approvals.approve(proposal_id, Operator("carol"))
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}

@@ -10,12 +10,19 @@ A proposal needs `approvers` distinct operators (1 unless the rule that staged i
 never the proposer). Each approval is recorded and sealed; the one that completes the quorum claims
 the proposal in the same transaction, with one conditional update: of racing operators exactly one
 wins, and only the winner executes. One operator rejecting is enough. Each transition commits
-together with its audit row. Before a proposal is shown, approved or executed its seal (and each of
-its approvals' seals) is checked — a server-keyed MAC over everything that decides what runs and who
-must approve it — so a row rewritten in the database is refused (and the refusal audited), never run. Execution runs the
-frozen arguments (re-validated) through the gate's own execution path, as the proposer with the
-scopes it held, with no model involved. A crash while executing leaves `executing`: nothing here
-ever picks it up again. An operator who has checked the effect by hand may `settle` it.
+together with its audit row. Before a proposal is shown or approved its seal (and each of its
+approvals' seals) is checked — a server-keyed MAC over everything that decides what runs and who
+must approve it — so a row rewritten in the database is refused (and the refusal audited), never
+run. The claim compares the row it changes with that checked proposal, inside its transaction, and
+execution runs the checked proposal: what runs is what the operator approved, whatever is written
+into the row afterwards. Execution runs the frozen arguments (re-validated) through the gate's own
+execution path, as the proposer with the scopes it held, with no model involved.
+
+Racing approvals of one proposal wait for its turn (`ProposalRepository.turn`), outside any
+transaction; one that had to wait and finds the proposal decided, or comes late, is answered from
+its status alone (one short row: the seal covers what would run, never the status). A crash while
+executing leaves `executing`: nothing here ever picks it up again. An operator who has checked the
+effect by hand may `settle` it.
 
 Who decides is an `Operator`: verified (from an operator token: the API, `--server`, or
 `KNECHT_OPERATOR_TOKEN`) or local (the name a local CLI user gave, recorded as `local:NAME`).
@@ -94,7 +101,7 @@ class ApprovalService:
         """The proposal, refused (and the refusal audited) when its row fails its seal."""
         proposal = await self._proposals.get(proposal_id)
         if proposal is None:
-            raise NotPendingError(f"Proposal #{proposal_id} does not exist.")
+            raise UnknownProposalError(f"Proposal #{proposal_id} does not exist.")
         if proposal.seal is not None and not self.seal_holds(proposal):
             raise await self._tampered(Operator(reader), proposal, "seal broken")
         return proposal
