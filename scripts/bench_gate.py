@@ -17,6 +17,7 @@
     python scripts/bench_gate.py                 # ~1 minute on 2 cores
     python scripts/bench_gate.py --calls 10000 --starts 30 --json
     python scripts/bench_gate.py --importtime    # also: top start-up imports of `mcp-knecht serve`
+    python scripts/bench_gate.py --classes       # also: start-up time spent creating classes
     python scripts/bench_gate.py --profile 3000  # also: cProfile of N gated calls (tottime)
 
 Exit status 0 even when a target is missed (this is a measurement, not a test); 1 when something
@@ -469,6 +470,38 @@ def phase_import_time(env: dict[str, str], tmp: Path, top: int = 15) -> dict[str
     }
 
 
+# --- optional: class creation ---------------------------------------------------------------------
+
+
+CLASS_TIMER = REPO / "scripts" / "class_timer.py"
+
+
+def phase_classes(env: dict[str, str], tmp: Path, runs: int = 5) -> dict[str, Any]:
+    """Median milliseconds each server's start (to its first `tools/list`, then stdin closes) spent
+    creating dataclasses and pydantic models, ours and the SDK's (`scripts/class_timer.py`)."""
+    progress(f"class creation during start-up: {runs} starts per server")
+    token, _ = mint(env, "bench", "readonly")
+    environment = child_env(env, token)
+    targets = {"gated": ["-m", "mcp_knecht.cli.main", "serve"], "bare": [str(BARE_SERVER)]}
+    result: dict[str, Any] = {"runs": runs}
+    reported: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for run in range(runs):  # interleaved, so that drift hits both alike
+        for name, target in (list(targets.items()) if run % 2 == 0 else list(targets.items())[::-1]):
+            out = tmp / f"classes-{name}-{run}.json"
+            spawn_once([sys.executable, str(CLASS_TIMER), str(out), *target], environment, MODERN_REQUESTS, 1,
+                       tmp / f"{name}.stderr")
+            reported[name].append(json.loads(out.read_text()))
+    for name, reports in reported.items():
+        side: dict[str, Any] = {"process_ms": round(statistics.median(r["process_ms"] for r in reports), 1)}
+        for kind in ("dataclass", "pydantic"):
+            for owner in ("ours", "others"):
+                counts = [r[kind].get(owner, {"classes": 0, "ms": 0.0}) for r in reports]
+                side[f"{kind}_{owner}"] = {"classes": counts[0]["classes"],
+                                           "ms": round(statistics.median(c["ms"] for c in counts), 1)}
+        result[name] = side
+    return result
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -512,6 +545,14 @@ def print_report(report: dict[str, Any]) -> None:
             f"{m['module']} {m['self_ms']}" for m in imports["extra_top_self"]))
         print("   top cumulative: " + ", ".join(
             f"{m['module']} {m['cumulative_ms']}" for m in imports["top_cumulative"]))
+    classes = report.get("classes")
+    if classes:
+        print(f"\n3b. class creation during start-up (ms, median of {classes['runs']}; classes in brackets)")
+        for name in ("gated", "bare"):
+            side = classes[name]
+            print(f"   {name:<5}  process {side['process_ms']:>7.1f}  " + "  ".join(
+                f"{key.replace('_', ' ')} {side[key]['ms']:>6.1f} ({side[key]['classes']})"
+                for key in ("dataclass_ours", "pydantic_ours", "dataclass_others", "pydantic_others")))
     if memory and memory.get("profile"):
         print("\n4. cProfile of gated calls (tottime)\n" + memory["profile"])
     print(f"\ntotal {report['seconds']:.1f} s")
@@ -526,6 +567,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip", choices=("calls", "starts"), action="append", default=[],
                         help="leave out a phase (repeatable)")
     parser.add_argument("--importtime", action="store_true", help="also report start-up import times")
+    parser.add_argument("--classes", action="store_true",
+                        help="also report the start-up time spent creating dataclasses and pydantic models")
     parser.add_argument("--profile", type=int, metavar="N", default=0, help="also cProfile N gated calls")
     parser.add_argument("--without-scrubber", action="store_true",
                         help="gated side without output scrubbing: the cost of the gate's own steps")
@@ -563,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                 failed = True
         if args.importtime:
             report["import_time"] = phase_import_time(env, tmp)
+        if args.classes:
+            report["classes"] = phase_classes(env, tmp)
         report["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
