@@ -69,7 +69,6 @@ def _timed_pydantic() -> None:
     ModelMetaclass.__new__ = new  # type: ignore[assignment]
 
 
-
 def _report(path: str) -> None:
     report = {kind: {owner: {"classes": int(c), "ms": round(ms, 1)} for owner, (c, ms) in owners.items()}
               for kind, owners in _spent.items()}
