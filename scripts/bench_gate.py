@@ -490,6 +490,8 @@ def phase_classes(env: dict[str, str], tmp: Path, runs: int = 5) -> dict[str, An
             out = tmp / f"classes-{name}-{run}.json"
             spawn_once([sys.executable, str(CLASS_TIMER), str(out), *target], environment, MODERN_REQUESTS, 1,
                        tmp / f"{name}.stderr")
+            if not out.exists():  # killed because it did not exit after its answer: no report at exit
+                raise StartFailed(f"{name}: the server did not exit when stdin closed; no class report")
             reported[name].append(json.loads(out.read_text()))
     for name, reports in reported.items():
         side: dict[str, Any] = {"process_ms": round(statistics.median(r["process_ms"] for r in reports), 1)}
@@ -607,7 +609,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.importtime:
             report["import_time"] = phase_import_time(env, tmp)
         if args.classes:
-            report["classes"] = phase_classes(env, tmp)
+            try:
+                report["classes"] = phase_classes(env, tmp)
+            except StartFailed as exc:
+                progress(f"class report failed: {exc}")
+                failed = True
         report["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
