@@ -192,3 +192,53 @@ async def test_a_blocking_store_waits_for_another_process_in_its_own_thread_and_
         assert [r["who"] for r in rows] == ["after the other", "past a stuck queue", "again"]
     finally:
         await db.close()
+
+
+@asynccontextmanager
+async def exclusive_lock_elsewhere(path: str, seconds: float) -> AsyncIterator[None]:
+    """Another process's `BEGIN EXCLUSIVE` on a database not yet in WAL mode (as the sqlite3 shell
+    leaves one): nobody may even read it meanwhile, which is what a process meets that opens a file
+    while another rebuilds its WAL index."""
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("CREATE TABLE IF NOT EXISTS theirs (x)")
+    connection.execute("BEGIN EXCLUSIVE")
+    releasing = threading.Timer(seconds, lambda: connection.execute("ROLLBACK"))
+    releasing.start()
+    try:
+        yield
+    finally:
+        releasing.join()
+        connection.close()
+
+
+async def test_a_store_opened_while_another_process_holds_the_file_waits_for_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two operators starting `knecht-approve` at the same moment, or an open beside the sqlite3 shell:
+    opening waits for the other, as a write does, instead of calling the file unusable."""
+    from mcp_knecht.store import open_database
+
+    path = tmp_path / "shared.db"
+    started = time.monotonic()
+    async with exclusive_lock_elsewhere(str(path), 0.6):
+        db = await open_database(f"sqlite:///{path}")
+    try:
+        assert time.monotonic() - started >= 0.5
+        assert (await db.fetch_one("PRAGMA journal_mode"))["journal_mode"] == "wal"  # type: ignore[index]
+        assert await db.fetch_all("SELECT x FROM theirs") == []
+    finally:
+        await db.close()
+
+
+async def test_a_store_held_past_the_busy_timeout_while_opening_says_store_busy(
+    tmp_path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from mcp_knecht.errors import StoreBusyError
+    from mcp_knecht.store import open_database
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 200)
+    path = tmp_path / "held.db"
+    async with exclusive_lock_elsewhere(str(path), 1.5):
+        with pytest.raises(StoreBusyError, match="busy: another process has held a lock on it for 0.2 s") as busy:
+            await open_database(f"sqlite:///{path}")
+    assert "retry in a moment" in str(busy.value) and "not a usable" not in str(busy.value)
+    db = await open_database(f"sqlite:///{path}")  # free again: it opens
+    await db.close()

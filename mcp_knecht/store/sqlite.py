@@ -185,14 +185,17 @@ class _WriterTransaction:
 
 
 def _open_writer(path: str) -> sqlite3.Connection:
+    """Runs in a worker thread: setting up may wait for another process (one opening the same file at
+    the same moment rebuilds the WAL index, or a writer outside mcp-knecht holds an exclusive lock)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         conn.row_factory = _dict_row
-        conn.execute("PRAGMA busy_timeout = 0")  # `_begin` waits for the write lock itself
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA synchronous = NORMAL")  # see `_connect`
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA wal_autocheckpoint = 0")  # `_checkpoint` does it, off the event loop
+        conn.execute("PRAGMA busy_timeout = 0")  # from now on `_begin` waits for the write lock itself
     except BaseException:
         conn.close()
         raise
@@ -292,6 +295,12 @@ class SQLiteDatabase:
             raise store_error("sqlite", f"Cannot create the database {path}: {exc.strerror}") from exc
         try:
             writer = await anyio.to_thread.run_sync(_open_writer, str(path))
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise StoreBusyError(
+                    f"The store {path} is busy: another process has held a lock on it for "
+                    f"{BUSY_TIMEOUT_MS / 1000:g} s. Nothing was changed; retry in a moment.") from exc
+            raise store_error("sqlite", f"{path} is not a usable SQLite database: {exc}") from exc
         except sqlite3.Error as exc:
             raise store_error("sqlite", f"{path} is not a usable SQLite database: {exc}") from exc
         try:
