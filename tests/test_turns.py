@@ -168,3 +168,75 @@ def test_one_process_shares_one_turns_file_per_database_and_the_last_user_closes
     release_turns(db)
     assert shared_turns(db) is not first
     release_turns(db)
+
+
+async def test_a_blocking_waiter_sleeps_in_the_kernel_and_gets_the_turn_the_moment_the_holder_lets_go(
+    tmp_path: Path,
+) -> None:
+    """What `knecht-approve` does (a blocking store): no looks while it waits, one when the turn is its
+    own; and the alarm that bounds the wait is gone afterwards."""
+    path = tmp_path / "db-turns"
+    holder = _hold_in_another_process(path, "proposal:11", 0.6)
+    looks = 0
+
+    async def moved() -> bool:
+        nonlocal looks
+        looks += 1
+        return False
+
+    try:
+        started = anyio.current_time()
+        async with Turns(path).turn("proposal:11", moved=moved, blocking=True) as ours:
+            waited = anyio.current_time() - started
+            assert ours
+    finally:
+        _stop(holder)
+    assert 0.3 <= waited < 5 and looks == 1
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+async def test_a_blocking_waiter_goes_on_without_a_turn_a_stopped_process_holds_too_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(turns_module, "WAIT_AT_MOST", 0.3)
+    path = tmp_path / "db-turns"
+    holder = _hold_in_another_process(path, "proposal:12", 30)
+
+    async def still_open() -> bool:
+        return False
+
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        started = anyio.current_time()
+        async with Turns(path).turn("proposal:12", moved=still_open, blocking=True) as ours:
+            assert ours
+        assert 0.25 <= anyio.current_time() - started < 3
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        _stop(holder)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+async def test_a_blocking_waiter_leaves_an_alarm_the_process_uses_itself_alone_and_looks_instead(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db-turns"
+    holder = _hold_in_another_process(path, "proposal:13", 0.5)
+    rang: list[int] = []
+    looks = 0
+
+    async def moved() -> bool:
+        nonlocal looks
+        looks += 1
+        return False
+
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: rang.append(signum))
+    try:
+        async with Turns(path).turn("proposal:13", moved=moved, blocking=True) as ours:
+            assert ours
+        signal.setitimer(signal.ITIMER_REAL, 0.01)  # the process's own handler is still in place
+        await anyio.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        _stop(holder)
+    assert rang == [signal.SIGALRM] and looks > 1  # it looked every few milliseconds, as a server does

@@ -348,8 +348,9 @@ class SQLiteDatabase:
             await conn.close()
 
     def turn(self, name: str, *, moved: Callable[[], Awaitable[bool]]) -> AbstractAsyncContextManager[bool]:
-        """Across our processes too: a record lock on one byte of `<db>-turns` per name."""
-        return self._turns.turn(name, moved=moved)
+        """Across our processes too: a record lock on one byte of `<db>-turns` per name (a blocking
+        store waits for one in the kernel)."""
+        return self._turns.turn(name, moved=moved, blocking=self._blocking)
 
     @asynccontextmanager
     async def transaction(self, *, durable: bool = False) -> AsyncIterator[_WriterTransaction]:
