@@ -4,6 +4,7 @@ land once the lock is free — nothing lost, one chain."""
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import threading
 import time
@@ -190,6 +191,9 @@ async def test_a_blocking_store_waits_for_another_process_in_its_own_thread_and_
             await tx.execute("INSERT INTO log VALUES ('again')")
         rows = await db.fetch_all("SELECT who FROM log ORDER BY rowid")
         assert [r["who"] for r in rows] == ["after the other", "past a stuck queue", "again"]
+        # It waited in the kernel, bounded by an alarm (`kernel_wait`), and left no alarm behind.
+        assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     finally:
         await db.close()
 

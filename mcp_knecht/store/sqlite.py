@@ -45,6 +45,7 @@ from mcp_knecht.core.database import Params, Row
 from mcp_knecht.core.database_url import normalise, sqlite_path
 from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
+from mcp_knecht.store.kernel_wait import wait_in_kernel
 from mcp_knecht.store.turns import release_turns, shared_turns
 
 try:
@@ -214,8 +215,7 @@ class _WriterQueue:
 
     async def acquire(self, timeout: float) -> bool:
         """True once held; False when `timeout` passed first (the caller then polls SQLite as before)."""
-        with contextlib.suppress(BlockingIOError):
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if self._try():
             return True
         guard, state = threading.Lock(), {"held": False, "abandoned": False}
 
@@ -240,13 +240,25 @@ class _WriterQueue:
             state["abandoned"] = True
             return state["held"]
 
+    def _try(self) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
     def acquire_here(self, timeout: float) -> bool:
-        """`acquire` without a worker thread, for a process with nothing else to run meanwhile: looks
-        again after a pause that grows from 50 µs to 2 ms, blocking its caller's thread."""
+        """`acquire` without a worker thread, for a process with nothing else to run meanwhile: sleeps
+        in the kernel, which wakes it the moment the lock is free (`kernel_wait`), blocking its caller's
+        thread; where that cannot be done, looks again after a pause that grows from 50 µs to 2 ms."""
+        if self._try():
+            return True
+        waited = wait_in_kernel(lambda: fcntl.flock(self._fd, fcntl.LOCK_EX), self._try, timeout)
+        if waited is not None:
+            return waited
         pause, deadline = 0.00005, time.monotonic() + timeout
         while True:
-            with contextlib.suppress(BlockingIOError):
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self._try():
                 return True
             if time.monotonic() >= deadline:
                 return False
