@@ -74,9 +74,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--stateless", action="store_true")
     parser.add_argument("--arguments", default='{"project": "payments-api"}', metavar="JSON")
-    from mcp_knecht.cli.main import HTTP_LOOP  # the same event loop as the gated server
+    from mcp_knecht.cli.event_loop import FAST_LOOP  # the same event loop as the gated server
 
-    anyio.run(serve, parser.parse_args(), backend_options=HTTP_LOOP)
+    anyio.run(serve, parser.parse_args(), backend_options=FAST_LOOP)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """One racing approver: `python -m tests.approver_worker NAME FIRST_ID LAST_ID [SEED]`.
 
-Opens the app from the environment (KNECHT_DATABASE_URL, KNECHT_TOOLSETS, …) and tries to
-approve every id in the range — in order, or shuffled by SEED; prints one JSON line: how many it
-won (its approval claimed and executed the proposal), recorded (its approval counted toward a
-quorum still short) and lost, its seconds and its CPU seconds.
+Opens the app from the environment (KNECHT_DATABASE_URL, KNECHT_TOOLSETS, …) as knecht-approve does
+(its event loop, a blocking store) and tries to approve every id in the range — in order, or shuffled
+by SEED; prints one JSON line: how many it won (its approval claimed and executed the proposal),
+recorded (its approval counted toward a quorum still short) and lost, its seconds and its CPU seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 import anyio
 
 from mcp_knecht.app import open_app
+from mcp_knecht.cli.event_loop import FAST_LOOP
 from mcp_knecht.core.approval import Operator
 from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import NotPendingError
@@ -32,7 +33,7 @@ async def race(name: str, first: int, last: int, seed: int | None = None) -> dic
     ids = list(range(first, last + 1))
     if seed is not None:
         random.Random(seed).shuffle(ids)
-    async with open_app(load_settings(), watch_policy=False, blocking_store=True) as app:  # as knecht-approve
+    async with open_app(load_settings(), watch_policy=False, blocking_store=True) as app:
         service = app.approvals
         started, cpu = time.perf_counter(), _cpu_seconds()
         for proposal_id in ids:
@@ -52,5 +53,5 @@ async def race(name: str, first: int, last: int, seed: int | None = None) -> dic
 
 if __name__ == "__main__":
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else None
-    result = anyio.run(race, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), seed)
+    result = anyio.run(race, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), seed, backend_options=FAST_LOOP)
     print(json.dumps(result))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, report, say
+from mcp_knecht.cli.event_loop import FAST_LOOP
 from mcp_knecht.cli.terminal import safe_output
 from mcp_knecht.errors import KnechtError
 
@@ -212,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return anyio.run(_with_decisions, args)
+        return anyio.run(_with_decisions, args, backend_options=FAST_LOOP)
     except KnechtError as exc:
         return report("knecht-approve", exc)
     except KeyboardInterrupt:

@@ -6,13 +6,13 @@ Imports are local to each command: a stdio server's cold start pays only for wha
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mcp_knecht.cli.errors import EXIT_OK, EXIT_USAGE, report, say
+from mcp_knecht.cli.event_loop import FAST_LOOP
 from mcp_knecht.cli.terminal import safe_output
 from mcp_knecht.errors import KnechtError
 
@@ -76,13 +76,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         except AuthError as exc:
             return _refuse_stdio(f"KNECHT_TOKEN was refused: {exc.message.rstrip('.')}")
         return anyio.run(_serve_stdio, settings, actor, token_settings.leeway_seconds, log_format)
-    return anyio.run(_serve_http, settings, verifier, args, log_format, backend_options=HTTP_LOOP)
-
-
-HTTP_LOOP = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
-"""The HTTP server runs on uvloop where it exists (not on Windows; with httptools parsing, 15-25 %
-more calls/s than asyncio's loop and h11 in scripts/bench_http.py); stdio and the CLIs keep
-asyncio's loop."""
+    return anyio.run(_serve_http, settings, verifier, args, log_format, backend_options=FAST_LOOP)
 
 
 def _refuse_stdio(problem: str) -> int:
@@ -229,7 +223,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
     args.stateless, args.public_url = False, None
     return anyio.run(_serve_http, settings, TokenVerifier(token_settings), args, settings.log_format,
-                     backend_options=HTTP_LOOP)
+                     backend_options=FAST_LOOP)
 
 
 # --- parser ------------------------------------------------------------------------------------
