@@ -85,9 +85,9 @@ class Turns:
     def _wait_across(self, name: str, seconds: float) -> bool | None:
         """Sleep in the kernel until `name` is ours across processes (True) or `seconds` have passed
         (False); None where that cannot be done here, and the caller looks instead."""
-        if self._fd is None:
+        if (fd := self._fd) is None:
             return None
-        return wait_in_kernel(lambda: fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, _offset(name)),
+        return wait_in_kernel(lambda: fcntl.lockf(fd, fcntl.LOCK_EX, 1, _offset(name)),
                               lambda: self._try_across(name), seconds)
 
     def _release_across(self, name: str) -> None:
