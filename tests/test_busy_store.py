@@ -246,3 +246,36 @@ async def test_a_store_held_past_the_busy_timeout_while_opening_says_store_busy(
     assert "retry in a moment" in str(busy.value) and "not a usable" not in str(busy.value)
     db = await open_database(f"sqlite:///{path}")  # free again: it opens
     await db.close()
+
+
+async def test_a_blocking_store_waiting_for_another_process_can_be_cancelled_within_a_slice(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An operator's Ctrl-C while `knecht-approve` waits for another process's turn at writing: the
+    wait in the kernel comes back to the event loop every `SLICE`, so the cancellation gets through,
+    and nothing is left half-done."""
+    import subprocess
+    import sys
+
+    from mcp_knecht.store import kernel_wait, open_database
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    db = await open_database(url, blocking=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_WRITERS_QUEUE, f"{tmp_path / 'cli.db'}-writers", "30"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        started = time.monotonic()
+        with anyio.move_on_after(0.3) as cancelled:
+            async with db.transaction() as tx:
+                await tx.execute("CREATE TABLE never (x)")
+        assert cancelled.cancelled_caught
+        assert time.monotonic() - started < 0.3 + kernel_wait.SLICE + 0.5  # not the 15 s busy timeout
+        holder.kill()
+        holder.wait()
+        async with db.transaction() as tx:
+            await tx.execute("CREATE TABLE log (who TEXT)")
+        assert [r["name"] for r in await db.fetch_all("SELECT name FROM sqlite_master WHERE type = 'table'")
+                if r["name"] in ("never", "log")] == ["log"]
+    finally:
+        await db.close()
+        holder.kill()
+        holder.communicate()

@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from mcp_knecht.store import kernel_wait
 from mcp_knecht.store import turns as turns_module
 from mcp_knecht.store.turns import Turns, release_turns, shared_turns
 
@@ -173,8 +174,9 @@ def test_one_process_shares_one_turns_file_per_database_and_the_last_user_closes
 async def test_a_blocking_waiter_sleeps_in_the_kernel_and_gets_the_turn_the_moment_the_holder_lets_go(
     tmp_path: Path,
 ) -> None:
-    """What `knecht-approve` does (a blocking store): no looks while it waits, one when the turn is its
-    own; and the alarm that bounds the wait is gone afterwards."""
+    """What `knecht-approve` does (a blocking store): a look when the turn is its own and after each
+    slice of the wait (a poller looks every few milliseconds); the alarm that bounds the wait is gone
+    afterwards."""
     path = tmp_path / "db-turns"
     holder = _hold_in_another_process(path, "proposal:11", 0.6)
     looks = 0
@@ -191,7 +193,7 @@ async def test_a_blocking_waiter_sleeps_in_the_kernel_and_gets_the_turn_the_mome
             assert ours
     finally:
         _stop(holder)
-    assert 0.3 <= waited < 5 and looks == 1
+    assert 0.3 <= waited < 5 and 1 <= looks <= waited / kernel_wait.SLICE + 2
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
@@ -240,3 +242,26 @@ async def test_a_blocking_waiter_leaves_an_alarm_the_process_uses_itself_alone_a
         signal.signal(signal.SIGALRM, previous)
         _stop(holder)
     assert rang == [signal.SIGALRM] and looks > 1  # it looked every few milliseconds, as a server does
+
+
+async def test_a_cancelled_blocking_waiter_stops_within_a_slice_of_its_wait(tmp_path: Path) -> None:
+    """An operator's Ctrl-C (the CLI's task cancelled) gets through a long wait for a stopped holder:
+    the event loop runs between two slices, and no alarm is left behind."""
+    path = tmp_path / "db-turns"
+    holder = _hold_in_another_process(path, "proposal:14", 30)
+
+    async def still_open() -> bool:
+        return False
+
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        started = anyio.current_time()
+        with anyio.move_on_after(0.3) as cancelled:
+            async with Turns(path).turn("proposal:14", moved=still_open, blocking=True):
+                pytest.fail("the turn is held by another process")
+        assert cancelled.cancelled_caught
+        assert anyio.current_time() - started < 0.3 + kernel_wait.SLICE + 0.5  # not WAIT_AT_MOST (15 s)
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        _stop(holder)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

@@ -4,7 +4,8 @@ A process waiting for another's `flock` or record lock is woken by the kernel th
 is free — where a waiter that looks again every so often leaves the lock idle until its next look
 (and, eight racing approvers on two cores, wakes for nothing in between). The kernel gives such a
 wait no timeout, so an alarm (`SIGALRM`) interrupts it: that needs the main thread of a process
-that uses no alarm of its own, and anything else is told to look instead.
+that uses no alarm of its own, and anything else is told to look instead. Callers wait in slices
+(`SLICE`), so that their event loop, blocked meanwhile, still hears of a cancellation.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+
+
+SLICE = 0.2
+"""Seconds a caller waits in the kernel at a time: between two slices its event loop runs, so that a
+cancellation (Ctrl-C, a deadline) gets through while another process holds the lock for long."""
 
 
 class _Expired(Exception):

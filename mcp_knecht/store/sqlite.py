@@ -40,12 +40,13 @@ from typing import Any
 
 import aiosqlite
 import anyio
+import anyio.lowlevel
 
 from mcp_knecht.core.database import Params, Row
 from mcp_knecht.core.database_url import normalise, sqlite_path
 from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
-from mcp_knecht.store.kernel_wait import wait_in_kernel
+from mcp_knecht.store.kernel_wait import SLICE, wait_in_kernel
 from mcp_knecht.store.turns import release_turns, shared_turns
 
 try:
@@ -386,7 +387,7 @@ class SQLiteDatabase:
         if self._writers is None:
             queued = False
         elif self._blocking:
-            queued = self._writers.acquire_here(BUSY_TIMEOUT_MS / 1000)
+            queued = await self._queue_here(deadline)
         else:
             queued = await self._writers.acquire(BUSY_TIMEOUT_MS / 1000)
         try:
@@ -396,6 +397,16 @@ class SQLiteDatabase:
                 self._writers.release()  # type: ignore[union-attr]
             raise
         return queued
+
+    async def _queue_here(self, deadline: float) -> bool:
+        """The writer queue of a blocking store, waited for in slices (`kernel_wait.SLICE`): between two,
+        a cancellation (Ctrl-C) gets through."""
+        assert self._writers is not None
+        while not self._writers.acquire_here(min(deadline - anyio.current_time(), SLICE)):
+            if anyio.current_time() >= deadline:
+                return False
+            await anyio.lowlevel.checkpoint()
+        return True
 
     async def _begin_immediate(self, deadline: float) -> None:
         pause = _LOCK_POLL_FIRST
