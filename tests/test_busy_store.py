@@ -241,7 +241,7 @@ async def test_a_store_held_past_the_busy_timeout_while_opening_says_store_busy(
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "held.db"
     async with exclusive_lock_elsewhere(str(path), 1.5):
-        with pytest.raises(StoreBusyError, match="busy: another process has held a lock on it for 0.2 s") as busy:
+        with pytest.raises(StoreBusyError, match=r"busy: another process has held a lock on it for 0\.2 s") as busy:
             await open_database(f"sqlite:///{path}")
     assert "retry in a moment" in str(busy.value) and "not a usable" not in str(busy.value)
     db = await open_database(f"sqlite:///{path}")  # free again: it opens

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -46,6 +48,37 @@ def _hold_in_another_process(path: Path, name: str, seconds: float) -> subproces
 def _stop(holder: subprocess.Popen[str]) -> None:
     holder.kill()
     holder.communicate()
+
+
+@contextmanager
+def _stopped_holder(path: Path, name: str) -> Iterator[None]:
+    """Another process holds `name`'s turn and is stopped (SIGSTOP, a debugger): it never lets go."""
+    holder = _hold_in_another_process(path, name, 30)
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        _stop(holder)
+
+
+async def _still_open() -> bool:
+    return False
+
+
+class _Looks:
+    """A `moved` that counts how often it is asked, and says the business is still open."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def __call__(self) -> bool:
+        self.count += 1
+        return False
+
+
+def _no_alarm_left() -> bool:
+    return signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 async def test_an_uncontended_turn_is_held_at_once_and_asks_nothing(tmp_path: Path) -> None:
@@ -110,12 +143,7 @@ async def test_a_waiter_whose_business_is_still_open_gets_the_turn_after_the_hol
 async def test_a_turn_held_by_another_process_is_waited_for_and_freed_by_its_death(tmp_path: Path) -> None:
     path = tmp_path / "db-turns"
     holder = _hold_in_another_process(path, "proposal:7", 60)
-    looks = 0
-
-    async def moved() -> bool:
-        nonlocal looks
-        looks += 1
-        return False
+    moved = _Looks()
 
     got: list[bool] = []
 
@@ -133,29 +161,23 @@ async def test_a_turn_held_by_another_process_is_waited_for_and_freed_by_its_dea
             os.kill(holder.pid, signal.SIGKILL)  # the kernel drops a dead process's record locks
     finally:
         _stop(holder)
-    assert got == [True] and looks >= 1  # asked while it waited; the business was still open, so it waited on
+    assert got == [True] and moved.count >= 1  # asked while it waited; the business was still open, so it waited on
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["looking", "in-the-kernel"])
 async def test_a_turn_held_too_long_by_a_stopped_process_is_gone_on_without(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocking: bool,
 ) -> None:
     """A turn only spares work; a process stopped while holding one (SIGSTOP, a debugger) must not
     stop every decision of that proposal. The transaction after the turn still decides."""
     monkeypatch.setattr(turns_module, "WAIT_AT_MOST", 0.3)
-    path = tmp_path / "db-turns"
-    holder = _hold_in_another_process(path, "proposal:9", 30)
-
-    async def still_open() -> bool:
-        return False
-
-    try:
-        os.kill(holder.pid, signal.SIGSTOP)
+    with _stopped_holder(tmp_path / "db-turns", "proposal:9"):
+        started = anyio.current_time()
         with anyio.fail_after(5):
-            async with Turns(path).turn("proposal:9", moved=still_open) as ours:
+            async with Turns(tmp_path / "db-turns").turn("proposal:9", moved=_still_open, blocking=blocking) as ours:
                 assert ours
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
-        _stop(holder)
+        assert anyio.current_time() - started >= 0.25
+    assert _no_alarm_left()
 
 
 def test_one_process_shares_one_turns_file_per_database_and_the_last_user_closes_it(tmp_path: Path) -> None:
@@ -179,12 +201,7 @@ async def test_a_blocking_waiter_sleeps_in_the_kernel_and_gets_the_turn_the_mome
     afterwards."""
     path = tmp_path / "db-turns"
     holder = _hold_in_another_process(path, "proposal:11", 0.6)
-    looks = 0
-
-    async def moved() -> bool:
-        nonlocal looks
-        looks += 1
-        return False
+    moved = _Looks()
 
     try:
         started = anyio.current_time()
@@ -193,30 +210,8 @@ async def test_a_blocking_waiter_sleeps_in_the_kernel_and_gets_the_turn_the_mome
             assert ours
     finally:
         _stop(holder)
-    assert 0.3 <= waited < 5 and 1 <= looks <= waited / kernel_wait.SLICE + 2
-    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-
-
-async def test_a_blocking_waiter_goes_on_without_a_turn_a_stopped_process_holds_too_long(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(turns_module, "WAIT_AT_MOST", 0.3)
-    path = tmp_path / "db-turns"
-    holder = _hold_in_another_process(path, "proposal:12", 30)
-
-    async def still_open() -> bool:
-        return False
-
-    try:
-        os.kill(holder.pid, signal.SIGSTOP)
-        started = anyio.current_time()
-        async with Turns(path).turn("proposal:12", moved=still_open, blocking=True) as ours:
-            assert ours
-        assert 0.25 <= anyio.current_time() - started < 3
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
-        _stop(holder)
-    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert 0.3 <= waited < 5 and 1 <= moved.count <= waited / kernel_wait.SLICE + 2
+    assert _no_alarm_left()
 
 
 async def test_a_blocking_waiter_leaves_an_alarm_the_process_uses_itself_alone_and_looks_instead(
@@ -225,12 +220,7 @@ async def test_a_blocking_waiter_leaves_an_alarm_the_process_uses_itself_alone_a
     path = tmp_path / "db-turns"
     holder = _hold_in_another_process(path, "proposal:13", 0.5)
     rang: list[int] = []
-    looks = 0
-
-    async def moved() -> bool:
-        nonlocal looks
-        looks += 1
-        return False
+    moved = _Looks()
 
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: rang.append(signum))
     try:
@@ -241,27 +231,17 @@ async def test_a_blocking_waiter_leaves_an_alarm_the_process_uses_itself_alone_a
     finally:
         signal.signal(signal.SIGALRM, previous)
         _stop(holder)
-    assert rang == [signal.SIGALRM] and looks > 1  # it looked every few milliseconds, as a server does
+    assert rang == [signal.SIGALRM] and moved.count > 1  # it looked every few milliseconds, as a server does
 
 
 async def test_a_cancelled_blocking_waiter_stops_within_a_slice_of_its_wait(tmp_path: Path) -> None:
     """An operator's Ctrl-C (the CLI's task cancelled) gets through a long wait for a stopped holder:
     the event loop runs between two slices, and no alarm is left behind."""
-    path = tmp_path / "db-turns"
-    holder = _hold_in_another_process(path, "proposal:14", 30)
-
-    async def still_open() -> bool:
-        return False
-
-    try:
-        os.kill(holder.pid, signal.SIGSTOP)
+    with _stopped_holder(tmp_path / "db-turns", "proposal:14"):
         started = anyio.current_time()
         with anyio.move_on_after(0.3) as cancelled:
-            async with Turns(path).turn("proposal:14", moved=still_open, blocking=True):
+            async with Turns(tmp_path / "db-turns").turn("proposal:14", moved=_still_open, blocking=True):
                 pytest.fail("the turn is held by another process")
         assert cancelled.cancelled_caught
         assert anyio.current_time() - started < 0.3 + kernel_wait.SLICE + 0.5  # not WAIT_AT_MOST (15 s)
-    finally:
-        os.kill(holder.pid, signal.SIGCONT)
-        _stop(holder)
-    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert _no_alarm_left()

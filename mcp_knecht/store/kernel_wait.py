@@ -14,7 +14,6 @@ import signal
 import threading
 from collections.abc import Callable
 
-
 SLICE = 0.2
 """Seconds a caller waits in the kernel at a time: between two slices its event loop runs, so that a
 cancellation (Ctrl-C, a deadline) gets through while another process holds the lock for long."""

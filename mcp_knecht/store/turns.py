@@ -17,11 +17,12 @@ leaves. Across processes (`Turns(path)`, SQLite) it is also a POSIX record lock 
 `<db>-turns` (the byte's offset a hash of the name), tried again at every look (after 4 ms, then
 doubling up to 32 ms). A `blocking` waiter (a CLI deciding one proposal, with nothing else to run)
 instead sleeps in the kernel, which hands it the lock the moment the holder lets go (looking only
-after each slice of a long wait), and the racing approvers take their turns one right after another (`mcp_knecht.store.kernel_wait`;
-measured: 22 % more decisions a second with eight racing approvers, 8 % less CPU each). The kernel
-drops a dead process's locks, even after `kill -9`; one held longer than `WAIT_AT_MOST` (a stopped
-process) is gone on without. POSIX record locks belong to the process, not to a file descriptor, so
-each process keeps one `Turns` per database file, shared by every connection to it.
+after each slice of a long wait), and the racing approvers take their turns one right after another
+(`mcp_knecht.store.kernel_wait`; measured: 22 % more decisions a second with eight racing
+approvers, 8 % less CPU each). The kernel drops a dead process's locks, even after `kill -9`; one
+held longer than `WAIT_AT_MOST` (a stopped process) is gone on without. POSIX record locks belong
+to the process, not to a file descriptor, so each process keeps one `Turns` per database file,
+shared by every connection to it.
 """
 
 from __future__ import annotations
