@@ -127,6 +127,25 @@ async def test_a_failed_transaction_leaves_nothing_behind(db: Database) -> None:
     assert await db.fetch_all("SELECT * FROM ledger") == [{"id": 1, "amount": 100}]
 
 
+async def test_a_postgresql_transaction_a_statement_failed_in_never_says_it_committed(db: Database) -> None:
+    """PostgreSQL aborts the whole transaction at a failed statement and answers its COMMIT with a
+    rollback: a caller that caught the statement's error hears "commit failed", not success."""
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite undoes only the failed statement")
+    async with db.transaction() as tx:
+        await tx.execute("CREATE TABLE ledger (code TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+    with pytest.raises(StoreError, match="Commit failed: the transaction had been aborted"):
+        async with db.transaction() as tx:
+            await tx.lock("ledger")
+            await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 100))
+            with pytest.raises(StoreError):
+                await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 200))
+    assert await db.fetch_all("SELECT * FROM ledger") == []
+    async with db.transaction() as tx:  # the connection went back to the pool clean
+        await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 100))
+    assert await db.fetch_all("SELECT * FROM ledger") == [{"code": "a", "amount": 100}]
+
+
 async def test_a_lookup_sees_what_is_committed_and_nothing_of_a_transaction_in_flight(db: Database) -> None:
     async with db.transaction() as tx:
         await tx.execute("CREATE TABLE keyed (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")

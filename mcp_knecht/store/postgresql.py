@@ -150,13 +150,27 @@ def redact(url: str) -> str:
 
 
 class _PgTransaction:
+    """A write transaction on one pooled connection, begun by its first statement and committed by
+    `PostgresDatabase.transaction`, which checks that the server did commit. (Sending `BEGIN` in one
+    round trip with a decision's first lock was measured: no faster, 61-72 against 70-73 decisions/s.)"""
+
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
         self._explicit_ids: set[str] = set()
+        self.begun = False
+
+    async def _begin(self) -> None:
+        if not self.begun:
+            self.begun = True
+            try:
+                await self._conn.execute("BEGIN")
+            except _DRIVER_ERRORS as exc:
+                raise _store_error("Cannot start a write transaction", exc) from exc
 
     async def _before(self, sql: str) -> None:
         """Remember tables given explicit ids; before the first insert that leaves the id to the
         sequence, move that sequence past them (as SQLite would number it: max + 1)."""
+        await self._begin()
         if (match := _INSERT_INTO.match(sql)) is None:
             return
         table = match[1].lower()
@@ -201,6 +215,7 @@ class _PgTransaction:
             raise _store_error("Database statement failed", exc) from exc
 
     async def lock(self, name: str) -> None:
+        await self._begin()
         try:
             await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
         except _DRIVER_ERRORS as exc:
@@ -292,11 +307,6 @@ class PostgresDatabase:
         except _DRIVER_ERRORS as exc:
             raise _store_error("Cannot start a write transaction", exc) from exc
         try:
-            pg_tx = conn.transaction()
-            try:
-                await pg_tx.start()
-            except _DRIVER_ERRORS as exc:
-                raise _store_error("Cannot start a write transaction", exc) from exc
             tx = _PgTransaction(conn)
             try:
                 yield tx
@@ -305,13 +315,18 @@ class PostgresDatabase:
             except BaseException:
                 # If the connection is gone, the server rolls back on its own.
                 with anyio.CancelScope(shield=True), contextlib.suppress(*_DRIVER_ERRORS):
-                    await pg_tx.rollback()
+                    if conn.is_in_transaction():
+                        await conn.execute("ROLLBACK")
                 raise
-            try:
-                with anyio.CancelScope(shield=True):
-                    await pg_tx.commit()
-            except _DRIVER_ERRORS as exc:
-                raise _store_error("Commit failed", exc) from exc
+            if tx.begun:
+                try:
+                    with anyio.CancelScope(shield=True):
+                        status = await conn.execute("COMMIT")
+                except _DRIVER_ERRORS as exc:
+                    raise _store_error("Commit failed", exc) from exc
+                if status != "COMMIT":  # the server rolled back a transaction a statement had failed in
+                    raise store_error("postgresql", "Commit failed: the transaction had been aborted; nothing was "
+                                                    "written. Retry in a moment.")
         finally:
             with anyio.CancelScope(shield=True):
                 await self._pool.release(conn)
