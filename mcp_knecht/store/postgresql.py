@@ -150,27 +150,16 @@ def redact(url: str) -> str:
 
 
 class _PgTransaction:
-    """A write transaction on one pooled connection, begun by its first statement and committed by
-    `PostgresDatabase.transaction`, which checks that the server did commit. (Sending `BEGIN` in one
-    round trip with a decision's first lock was measured: no faster, 61-72 against 70-73 decisions/s.)"""
+    """The statements of a write transaction on one pooled connection (`PostgresDatabase.transaction`
+    begins and ends it)."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
         self._explicit_ids: set[str] = set()
-        self.begun = False
-
-    async def _begin(self) -> None:
-        if not self.begun:
-            self.begun = True
-            try:
-                await self._conn.execute("BEGIN")
-            except _DRIVER_ERRORS as exc:
-                raise _store_error("Cannot start a write transaction", exc) from exc
 
     async def _before(self, sql: str) -> None:
         """Remember tables given explicit ids; before the first insert that leaves the id to the
         sequence, move that sequence past them (as SQLite would number it: max + 1)."""
-        await self._begin()
         if (match := _INSERT_INTO.match(sql)) is None:
             return
         table = match[1].lower()
@@ -215,7 +204,6 @@ class _PgTransaction:
             raise _store_error("Database statement failed", exc) from exc
 
     async def lock(self, name: str) -> None:
-        await self._begin()
         try:
             await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
         except _DRIVER_ERRORS as exc:
@@ -301,12 +289,18 @@ class PostgresDatabase:
     @asynccontextmanager
     async def transaction(self, *, durable: bool = False) -> AsyncIterator[_PgTransaction]:
         """`durable` changes nothing here: with the server's default `synchronous_commit = on`
-        every commit is flushed to disk before it returns."""
+        every commit is flushed to disk before it returns. BEGIN and COMMIT are sent as plain
+        statements, so that a COMMIT the server answers with a rollback (a statement failed in the
+        transaction) is not taken for success, as asyncpg's `Transaction.commit` takes it."""
         try:
             conn = await self._pool.acquire()
         except _DRIVER_ERRORS as exc:
             raise _store_error("Cannot start a write transaction", exc) from exc
         try:
+            try:
+                await conn.execute("BEGIN")
+            except _DRIVER_ERRORS as exc:
+                raise _store_error("Cannot start a write transaction", exc) from exc
             tx = _PgTransaction(conn)
             try:
                 yield tx
@@ -318,15 +312,14 @@ class PostgresDatabase:
                     if conn.is_in_transaction():
                         await conn.execute("ROLLBACK")
                 raise
-            if tx.begun:
-                try:
-                    with anyio.CancelScope(shield=True):
-                        status = await conn.execute("COMMIT")
-                except _DRIVER_ERRORS as exc:
-                    raise _store_error("Commit failed", exc) from exc
-                if status != "COMMIT":  # the server rolled back a transaction a statement had failed in
-                    raise store_error("postgresql", "Commit failed: the transaction had been aborted; nothing was "
-                                                    "written. Retry in a moment.")
+            try:
+                with anyio.CancelScope(shield=True):
+                    status = await conn.execute("COMMIT")
+            except _DRIVER_ERRORS as exc:
+                raise _store_error("Commit failed", exc) from exc
+            if status != "COMMIT":  # the server rolled back a transaction a statement had failed in
+                raise store_error("postgresql", "Commit failed: the transaction had been aborted; nothing was "
+                                                "written. Retry in a moment.")
         finally:
             with anyio.CancelScope(shield=True):
                 await self._pool.release(conn)
