@@ -19,6 +19,7 @@
     python scripts/bench_gate.py --importtime    # also: top start-up imports of `mcp-knecht serve`
     python scripts/bench_gate.py --classes       # also: start-up time spent creating classes
     python scripts/bench_gate.py --profile 3000  # also: cProfile of N gated calls (tottime)
+    python scripts/bench_gate.py --steps 3000    # also: each gate step's time inside calls and warm
 
 Exit status 0 even when a target is missed (this is a measurement, not a test); 1 when something
 did not work (an error result, a server that did not answer, missing audit rows).
@@ -264,6 +265,80 @@ async def profile_gated(app: Any, actor: Any, arguments: dict[str, Any], calls: 
     return out.getvalue()
 
 
+# Steps timed where they run (`--steps`): a step costs several times more inside a call — after the
+# handler's hop to the database thread, its code and data are out of the CPU caches — than in a loop.
+# The arguments hash and the entry are built when the audit log writes (`Gate._finish`), so "-" in a
+# call unless an observer is set.
+STEPS = ("_look_up", "validate_arguments", "handler", "_render", "_finish", "hash_arguments", "_entry")
+WARM_STEPS = ("_look_up", "validate_arguments", "_render", "hash_arguments", "_entry")
+
+
+async def time_steps(app: Any, actor: Any, arguments: dict[str, Any], calls: int) -> dict[str, Any]:
+    """Median µs of each gate step inside `calls` gated calls (mode auto), and of the same call warm."""
+    from mcp import Client
+
+    from mcp_knecht.core import gate as gate_module
+    from mcp_knecht.transports.mcp_server import build_mcp_server
+
+    gate, tool = app.gate, app.registry.get(TOOL)
+    samples: dict[str, list[int]] = {name: [] for name in ("call_tool", *STEPS)}
+    last: dict[str, tuple[Any, ...]] = {}
+    clock = time.perf_counter_ns
+
+    def timed(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            t0 = clock()
+            try:
+                return step(*a, **k)
+            finally:
+                samples[name].append(clock() - t0)
+                last[name] = (a, k)
+        return run
+
+    def timed_async(name: str, step: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def run(*a: Any, **k: Any) -> Any:
+            t0 = clock()
+            try:
+                return await step(*a, **k)
+            finally:
+                samples[name].append(clock() - t0)
+        return run
+
+    originals = {name: getattr(gate, name) for name in ("_look_up", "_render", "_finish", "hash_arguments", "_entry")}
+    validate, handler, call_tool = gate_module.validate_arguments, tool.handler, gate.call_tool
+    try:
+        for name, step in originals.items():
+            setattr(gate, name, timed(name, step))
+        gate_module.validate_arguments = timed("validate_arguments", validate)
+        object.__setattr__(tool, "handler", timed_async("handler", handler))
+        gate.call_tool = timed_async("call_tool", call_tool)
+        async with Client(build_mcp_server(gate, lambda ctx: actor)) as client:
+            for _ in range(calls):
+                await client.call_tool(TOOL, arguments)
+    finally:
+        for name, step in originals.items():
+            setattr(gate, name, step)
+        gate_module.validate_arguments = validate
+        object.__setattr__(tool, "handler", handler)
+        del gate.call_tool
+    warm_steps = {**originals, "validate_arguments": validate}
+    steps = []
+    for name in ("call_tool", *STEPS):
+        in_call = samples[name][calls // 10:]  # the first calls warm up
+        row: dict[str, Any] = {"step": name, "in_call_us": round(median_us(in_call), 1) if in_call else None}
+        if name in WARM_STEPS and name in last:
+            a, k = last[name]
+            step = warm_steps[name]
+            runs = []
+            for _ in range(2000):
+                t0 = clock()
+                step(*a, **k)
+                runs.append(clock() - t0)
+            row["warm_us"] = round(median_us(runs[200:]), 1)
+        steps.append(row)
+    return {"calls": calls, "steps": steps}
+
+
 async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     from mcp_knecht.app import open_app
     from mcp_knecht.core.settings import load_settings
@@ -285,6 +360,10 @@ async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict
             progress(f"cProfile of {args.profile} gated calls (mode auto)")
             results["profile"] = await profile_gated(app, actor, arguments, args.profile)
             gated_calls += args.profile + 200
+        if args.steps:
+            progress(f"timing the gate's steps inside {args.steps} gated calls (mode auto)")
+            results["steps"] = await time_steps(app, actor, arguments, args.steps)
+            gated_calls += args.steps
         await app.audit.flush()
         row = await app.db.fetch_one(
             "SELECT COUNT(*) AS n FROM audit_log WHERE subject = ? AND tool = ? AND outcome = 'ran'",
@@ -555,6 +634,12 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"   {name:<5}  process {side['process_ms']:>7.1f}  " + "  ".join(
                 f"{key.replace('_', ' ')} {side[key]['ms']:>6.1f} ({side[key]['classes']})"
                 for key in ("dataclass_ours", "pydantic_ours", "dataclass_others", "pydantic_others")))
+    if memory and memory.get("steps"):
+        print(f"\n5. the gate's steps, median µs inside {memory['steps']['calls']} calls and called in a loop (warm)")
+        for row in memory["steps"]["steps"]:
+            warm = f"{row['warm_us']:>7.1f}" if "warm_us" in row else "      -"
+            in_call = f"{row['in_call_us']:>7.1f}" if row["in_call_us"] is not None else "      -"
+            print(f"   {row['step']:<20} in call {in_call}   warm {warm}")
     if memory and memory.get("profile"):
         print("\n4. cProfile of gated calls (tottime)\n" + memory["profile"])
     print(f"\ntotal {report['seconds']:.1f} s")
@@ -572,6 +657,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--classes", action="store_true",
                         help="also report the start-up time spent creating dataclasses and pydantic models")
     parser.add_argument("--profile", type=int, metavar="N", default=0, help="also cProfile N gated calls")
+    parser.add_argument("--steps", type=int, metavar="N", default=0,
+                        help="also time the gate's steps inside N gated calls, and warm in a loop")
     parser.add_argument("--without-scrubber", action="store_true",
                         help="gated side without output scrubbing: the cost of the gate's own steps")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")

@@ -30,14 +30,20 @@ class AuditEntry:
     at: str = field(default_factory=timestamp)
 
 
+PendingEntry = Callable[[], AuditEntry]
+"""An entry the sink builds when it writes it: the gate hands over what a call's entry is made of
+(its moment and duration taken at once), and the labels, timestamp text and arguments hash are
+worked out in the writer's batch instead of on the caller's path. Never raises."""
+
 Observer = Callable[[AuditEntry], None]
 """Sees every gate outcome's audit entry after it is recorded (metrics, traces, log events); must
 not block, and its failures never reach the caller."""
 
 
 class AuditSink(Protocol):
-    def record(self, entry: AuditEntry) -> None:
-        """Accept an entry without blocking the caller; durability is the sink's job."""
+    def record(self, entry: AuditEntry | PendingEntry) -> None:
+        """Accept an entry (or one to build when written) without blocking the caller; durability
+        is the sink's job."""
         ...
 
     def accepting(self) -> bool:

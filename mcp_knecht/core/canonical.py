@@ -6,9 +6,12 @@ import hashlib
 import json
 from typing import Any
 
+# Built once: `json.dumps` with options builds an encoder per call, which costs as much as the encoding.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def sha256_hex(text: str) -> str:

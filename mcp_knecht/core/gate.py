@@ -41,6 +41,7 @@ from pydantic import BaseModel
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry, AuditSink, Observer, Outcome
 from mcp_knecht.core.canonical import canonical_json, sha256_hex
+from mcp_knecht.core.clock import timestamp_ns
 from mcp_knecht.core.policy import Decision, Policy
 from mcp_knecht.core.registry import Registry
 from mcp_knecht.core.scrub import MASK, Scrubber, json_text
@@ -368,21 +369,42 @@ class Gate:
         call: FrozenCall | None = None,
         recorded: bool = False,
     ) -> GateResult:
-        """Audit the outcome (unless it was `recorded` with its proposal) and show it to `observe`."""
+        """Audit the outcome (unless it was `recorded` with its proposal) and show it to `observe`.
+        The entry is built when the audit log writes it, unless an observer wants it now: inside a
+        call, after the handler's trip to the database, this code runs with cold CPU caches, at four
+        times what the same work costs in the writer's batch."""
         detail: dict[str, Any] = {}
         if result.error_code:
             detail["error"] = result.error_code
         if arguments is not None:
             detail["arguments"] = self._scrub(_bounded_repr(arguments))
         arguments_hash = call.arguments_hash if call else None
-        if validated is not None and arguments_hash is None and result.outcome in ("ran", "failed"):
-            arguments_hash = self.hash_arguments(canonical_json(validated.model_dump(mode="json")))
-        entry = self._entry(actor, source, started, result.outcome, name, action, decision, arguments_hash, detail)
+        hash_later = validated if arguments_hash is None and result.outcome in ("ran", "failed") else None
+        at_ns, duration_ms = time.time_ns(), _elapsed_ms(started)
+
+        def entry() -> AuditEntry:
+            hashed = arguments_hash if hash_later is None else self._hash_of(hash_later)
+            return _audit_entry(actor, source, at_ns, duration_ms, result.outcome, name, action, decision, hashed,
+                                detail)
+
+        if self._observe is None:
+            if not recorded:
+                self._audit.record(entry)
+            return result
+        built = entry()
         if not recorded:
-            self._audit.record(entry)
-        if self._observe is not None:
-            self._show(self._observe, entry, result)
+            self._audit.record(built)
+        self._show(self._observe, built, result)
         return result
+
+    def _hash_of(self, arguments: BaseModel) -> str | None:
+        """The arguments hash of a call that ran; None (and a log line) if it cannot be computed, which
+        costs the audit row its hash, never the row."""
+        try:
+            return self.hash_arguments(canonical_json(arguments.model_dump(mode="json")))
+        except Exception:
+            logger.exception("Hashing the arguments of a call for its audit row failed")
+            return None
 
     def _show(self, observe: Observer, entry: AuditEntry, result: GateResult) -> None:
         proposal_id = result.data.get("id") if result.outcome == "staged" and result.data else None
@@ -394,18 +416,30 @@ class Gate:
     @staticmethod
     def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: object, action: str | None,
                decision: Decision | None, arguments_hash: str | None, detail: dict[str, Any]) -> AuditEntry:
-        return AuditEntry(
-            source=str(source),
-            subject=label(actor.subject, _MAX_AUDITED_NAME),
-            client=label(actor.client, _MAX_AUDITED_NAME),
-            tool=label(name, _MAX_AUDITED_NAME),
-            action=action,
-            outcome=outcome,
-            rule=decision.rule if decision else None,
-            arguments_hash=arguments_hash,
-            detail=detail,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
+        return _audit_entry(actor, source, time.time_ns(), _elapsed_ms(started), outcome, name, action, decision,
+                            arguments_hash, detail)
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _audit_entry(actor: Actor, source: Source, at_ns: int, duration_ms: float, outcome: Outcome, name: object,
+                 action: str | None, decision: Decision | None, arguments_hash: str | None,
+                 detail: dict[str, Any]) -> AuditEntry:
+    return AuditEntry(
+        source=str(source),
+        subject=label(actor.subject, _MAX_AUDITED_NAME),
+        client=label(actor.client, _MAX_AUDITED_NAME),
+        tool=label(name, _MAX_AUDITED_NAME),
+        action=action,
+        outcome=outcome,
+        rule=decision.rule if decision else None,
+        arguments_hash=arguments_hash,
+        detail=detail,
+        duration_ms=duration_ms,
+        at=timestamp_ns(at_ns),
+    )
 
 
 def _staged_if_write(tool: Tool, action: str | None, decision: Decision) -> Decision:

@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from mcp_knecht.core.audit import AuditEntry
+from mcp_knecht.core.audit import AuditEntry, PendingEntry
 from mcp_knecht.core.canonical import sha256_hex
 from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
 from mcp_knecht.core.keys import ServerKeys
@@ -199,14 +199,14 @@ class AuditLog:
         self.chain = chain
         self._interval = flush_interval
         self._max_pending = max_pending
-        self._pending: list[AuditEntry] = []
+        self._pending: list[AuditEntry | PendingEntry] = []
         self._closed = False
         self._flush_lock = anyio.Lock()
         self.failures = 0
         """Consecutive failed writes (a busy or unreachable store)."""
         self.on_flush: FlushObserver | None = None
 
-    def record(self, entry: AuditEntry) -> None:
+    def record(self, entry: AuditEntry | PendingEntry) -> None:
         if self._closed:
             raise StoreError("The audit log is closed; no call may run without an audit record.")
         self._pending.append(entry)
@@ -239,12 +239,15 @@ class AuditLog:
             if not batch:
                 return
             started = time.perf_counter()
+            waiting: list[AuditEntry] | list[AuditEntry | PendingEntry] = batch
             try:
+                entries = [item if isinstance(item, AuditEntry) else item() for item in batch]  # before the lock
+                waiting = entries
                 async with self._db.transaction() as tx:
-                    await self.chain.append(tx, batch)
+                    await self.chain.append(tx, entries)
             except BaseException:
                 # Keep them for the next round rather than lose the record of what happened.
-                self._pending[:0] = batch
+                self._pending[:0] = waiting
                 self.failures += 1
                 self._flushed(len(batch), started, failed=True)
                 raise
