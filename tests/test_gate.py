@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from pydantic import Field
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.canonical import canonical_json, sha256_hex
 from mcp_knecht.core.gate import Gate
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.policy import Policy
@@ -169,6 +172,36 @@ async def test_a_tool_whose_every_action_is_denied_is_hidden(gate_and_db) -> Non
     assert {t.name for t in gate.visible_tools(actor)} == {"count"}
     result = await gate.call_tool(actor, "setting", {"action": "get"})
     assert result.error_code == "unknown_tool"
+
+
+async def test_an_entry_built_when_written_keeps_the_moment_and_hash_of_its_call(gate_and_db) -> None:  # type: ignore[no-untyped-def]
+    gate, db, audit, _ = gate_and_db
+    actor = Actor("alice", "cli", ALL)
+    before = clock.timestamp()
+    await gate.call_tool(actor, "count", {"n": 3})
+    after = clock.timestamp()
+    await asyncio.sleep(0.05)  # the row is written later; its moment is still the call's
+    [row] = await audit_rows(db, audit)
+    assert before <= row["at"] <= after
+    assert row["arguments_hash"] == sha256_hex(canonical_json({"n": 3}))
+    assert 0 < row["duration_ms"] < 1000
+
+
+async def test_arguments_that_cannot_be_hashed_cost_the_row_its_hash_never_the_row(  # type: ignore[no-untyped-def]
+    gate_and_db, caplog
+) -> None:
+    gate, db, audit, _ = gate_and_db
+
+    def broken(text: str) -> str:
+        raise RuntimeError("no hash today")
+
+    gate.hash_arguments = broken
+    result = await gate.call_tool(Actor("alice", "cli", ALL), "count", {"n": 3})
+    assert result.data == {"n": 3, "by": "alice", "source": "mcp"}
+    [row] = await audit_rows(db, audit)
+    assert (row["outcome"], row["arguments_hash"]) == ("ran", None)
+    assert "Hashing the arguments" in caplog.text
+    assert await verify_chain(db, CHAIN) == []
 
 
 async def test_every_outcome_lands_in_one_verifiable_chain(gate_and_db) -> None:  # type: ignore[no-untyped-def]

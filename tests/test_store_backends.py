@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.clock import timestamp, timestamp_ns
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.proposals import Approval, NewProposal
 from mcp_knecht.core.schema import Migrations
@@ -411,3 +411,13 @@ async def test_the_sqlite_wal_is_checkpointed_although_commits_run_on_the_event_
 def test_stored_timestamps_have_one_format_whatever_the_zone(moment: datetime) -> None:
     """Timestamps compare as text on both stores: always UTC, always microseconds, always `Z`."""
     assert timestamp(moment) == moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=253_402_300_799 * 10**9))  # 1970 to the end of 9999
+def test_a_clock_reading_in_nanoseconds_is_stored_like_the_same_moment(epoch_ns: int) -> None:
+    """`timestamp_ns` (the audit entries' moment, formatted later) agrees with `timestamp`."""
+    second, rest = divmod(epoch_ns, 10**9)
+    moment = datetime.fromtimestamp(second, UTC).replace(microsecond=rest // 1000)
+    assert timestamp_ns(epoch_ns) == timestamp(moment)
+    assert timestamp_ns(epoch_ns + 1) == timestamp_ns(epoch_ns) or (epoch_ns + 1) % 1000 == 0
