@@ -371,7 +371,7 @@ class Gate:
     ) -> GateResult:
         """Audit the outcome (unless it was `recorded` with its proposal) and show it to `observe`.
         The entry is built when the audit log writes it, unless an observer wants it now: inside a
-        call, after the handler's trip to the database, this code runs with cold CPU caches, at four
+        call, after the handler's trip to the database, this code runs with cold CPU caches, at three to eight
         times what the same work costs in the writer's batch."""
         detail: dict[str, Any] = {}
         if result.error_code:
