@@ -267,10 +267,9 @@ async def profile_gated(app: Any, actor: Any, arguments: dict[str, Any], calls: 
 
 # Steps timed where they run (`--steps`): a step costs several times more inside a call — after the
 # handler's hop to the database thread, its code and data are out of the CPU caches — than in a loop.
-# The arguments hash and the entry are built when the audit log writes (`Gate._finish`), so "-" in a
-# call unless an observer is set.
-STEPS = ("_look_up", "validate_arguments", "handler", "_render", "_finish", "hash_arguments", "_entry")
-WARM_STEPS = ("_look_up", "validate_arguments", "_render", "hash_arguments", "_entry")
+# A call's arguments hash and audit entry are built when the audit log writes (`Gate._finish`).
+STEPS = ("_look_up", "validate_arguments", "handler", "_render", "_finish")
+WARM_STEPS = ("_look_up", "validate_arguments", "_render")
 
 
 async def time_steps(app: Any, actor: Any, arguments: dict[str, Any], calls: int) -> dict[str, Any]:
@@ -304,7 +303,7 @@ async def time_steps(app: Any, actor: Any, arguments: dict[str, Any], calls: int
                 samples[name].append(clock() - t0)
         return run
 
-    originals = {name: getattr(gate, name) for name in ("_look_up", "_render", "_finish", "hash_arguments", "_entry")}
+    originals = {name: getattr(gate, name) for name in ("_look_up", "_render", "_finish")}
     validate, handler, call_tool = gate_module.validate_arguments, tool.handler, gate.call_tool
     try:
         for name, step in originals.items():
@@ -325,8 +324,8 @@ async def time_steps(app: Any, actor: Any, arguments: dict[str, Any], calls: int
     steps = []
     for name in ("call_tool", *STEPS):
         in_call = samples[name][calls // 10:]  # the first calls warm up
-        row: dict[str, Any] = {"step": name, "in_call_us": round(median_us(in_call), 1) if in_call else None}
-        if name in WARM_STEPS and name in last:
+        row: dict[str, Any] = {"step": name, "in_call_us": round(median_us(in_call), 1)}
+        if name in WARM_STEPS:
             a, k = last[name]
             step = warm_steps[name]
             runs = []
@@ -638,8 +637,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"\n5. the gate's steps, median µs inside {memory['steps']['calls']} calls and called in a loop (warm)")
         for row in memory["steps"]["steps"]:
             warm = f"{row['warm_us']:>7.1f}" if "warm_us" in row else "      -"
-            in_call = f"{row['in_call_us']:>7.1f}" if row["in_call_us"] is not None else "      -"
-            print(f"   {row['step']:<20} in call {in_call}   warm {warm}")
+            print(f"   {row['step']:<20} in call {row['in_call_us']:>7.1f}   warm {warm}")
     if memory and memory.get("profile"):
         print("\n4. cProfile of gated calls (tottime)\n" + memory["profile"])
     print(f"\ntotal {report['seconds']:.1f} s")

@@ -381,10 +381,11 @@ class Gate:
         arguments_hash = call.arguments_hash if call else None
         hash_later = validated if arguments_hash is None and result.outcome in ("ran", "failed") else None
         at_ns, duration_ms = time.time_ns(), _elapsed_ms(started)
+        tool = label(name, _MAX_AUDITED_NAME)  # now: a waiting entry never holds on to a huge name
 
         def entry() -> AuditEntry:
             hashed = arguments_hash if hash_later is None else self._hash_of(hash_later)
-            return _audit_entry(actor, source, at_ns, duration_ms, result.outcome, name, action, decision, hashed,
+            return _audit_entry(actor, source, at_ns, duration_ms, result.outcome, tool, action, decision, hashed,
                                 detail)
 
         if self._observe is None:
@@ -416,22 +417,22 @@ class Gate:
     @staticmethod
     def _entry(actor: Actor, source: Source, started: float, outcome: Outcome, name: object, action: str | None,
                decision: Decision | None, arguments_hash: str | None, detail: dict[str, Any]) -> AuditEntry:
-        return _audit_entry(actor, source, time.time_ns(), _elapsed_ms(started), outcome, name, action, decision,
-                            arguments_hash, detail)
+        return _audit_entry(actor, source, time.time_ns(), _elapsed_ms(started), outcome,
+                            label(name, _MAX_AUDITED_NAME), action, decision, arguments_hash, detail)
 
 
 def _elapsed_ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
 
-def _audit_entry(actor: Actor, source: Source, at_ns: int, duration_ms: float, outcome: Outcome, name: object,
+def _audit_entry(actor: Actor, source: Source, at_ns: int, duration_ms: float, outcome: Outcome, tool: str,
                  action: str | None, decision: Decision | None, arguments_hash: str | None,
                  detail: dict[str, Any]) -> AuditEntry:
     return AuditEntry(
         source=str(source),
         subject=label(actor.subject, _MAX_AUDITED_NAME),
         client=label(actor.client, _MAX_AUDITED_NAME),
-        tool=label(name, _MAX_AUDITED_NAME),
+        tool=tool,
         action=action,
         outcome=outcome,
         rule=decision.rule if decision else None,

@@ -239,15 +239,13 @@ class AuditLog:
             if not batch:
                 return
             started = time.perf_counter()
-            waiting: list[AuditEntry] | list[AuditEntry | PendingEntry] = batch
             try:
                 entries = [item if isinstance(item, AuditEntry) else item() for item in batch]  # before the lock
-                waiting = entries
                 async with self._db.transaction() as tx:
                     await self.chain.append(tx, entries)
             except BaseException:
                 # Keep them for the next round rather than lose the record of what happened.
-                self._pending[:0] = waiting
+                self._pending[:0] = batch  # a pending entry builds the same entry again
                 self.failures += 1
                 self._flushed(len(batch), started, failed=True)
                 raise
