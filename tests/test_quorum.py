@@ -374,3 +374,66 @@ async def test_a_row_rewritten_between_the_operators_read_and_the_claim_is_not_c
         with pytest.raises(TamperedError):  # and the row, as it now is, is refused by every later read
             await app.approvals.approve(proposal_id, Operator("carol"))
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}
+
+
+class _PendingAgainAfterTheClaim:
+    """The real repository; the first approval waits a moment inside the proposal's turn (so the others
+    queue behind it), claims, and then the row is written back to pending, as someone with write access to
+    the database could, before the turn passes on."""
+
+    def __init__(self, real: SqlProposalRepository, db: Database) -> None:
+        self._real, self._db = real, db
+        self.claims = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def add_approval(self, proposal_id: int, *args: Any, **kwargs: Any) -> Any:
+        await anyio.sleep(0.2)
+        result = await self._real.add_approval(proposal_id, *args, **kwargs)
+        if result.outcome == "claimed":
+            self.claims += 1
+            async with self._db.transaction() as tx:
+                await tx.execute("UPDATE proposals SET status = 'pending', decided_by = NULL WHERE id = ?",
+                                 (proposal_id,))
+        return result
+
+
+async def test_operators_queued_behind_a_claim_are_told_by_it_not_by_the_row_when_their_turn_comes(
+    shared_env: dict[str, str],  # noqa: F811
+) -> None:
+    """Eight operators of one process race for one proposal: the seven queued behind the claim are told who
+    claimed it without reading the row again (here it reads pending again), and it runs once. What the
+    claim told them does not outlive the queue: a later operator is told what the row says then."""
+    from mcp_knecht.core.approval import ApprovalService, Operator
+    from mcp_knecht.errors import NotPendingError
+
+    [proposal_id] = await _stage(shared_env, "queued")
+    async with open_app(load_settings(env=shared_env), watch_policy=False) as app:
+        repository = _PendingAgainAfterTheClaim(app.proposals, app.db)  # type: ignore[arg-type]
+        racing = ApprovalService(repository, app.gate, app.audit, app.keys)  # type: ignore[arg-type]
+        told: dict[str, str] = {}
+
+        async def approve(name: str) -> None:
+            try:
+                decided = await racing.approve(proposal_id, Operator(name))
+            except NotPendingError as exc:
+                told[name] = exc.message
+            else:
+                told[name] = f"ran: {decided.status}"
+
+        async with anyio.create_task_group() as tasks:
+            for n in range(8):
+                tasks.start_soon(approve, f"operator-{n}")
+        assert repository.claims == 1
+        [winner] = [name for name, message in told.items() if message.startswith("ran")]
+        queued = [message for name, message in told.items() if name != winner]
+        assert len(queued) == 7
+        assert all(f"is not pending any more: executing (outcome unknown if the approver stopped) by local:{winner}"
+                   in message for message in queued)
+        async with app.db.transaction() as tx:
+            await tx.execute("UPDATE proposals SET status = 'rejected', decided_by = 'eve' WHERE id = ?",
+                             (proposal_id,))
+        with pytest.raises(NotPendingError, match="rejected by eve"):
+            await racing.approve(proposal_id, Operator("operator-9"))
+    assert await _effects(shared_env["KNECHT_DATABASE_URL"]) == {"queued": 1}

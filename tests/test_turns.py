@@ -121,6 +121,25 @@ async def test_in_process_waiters_wake_when_the_holder_leaves_and_give_up_once_i
         assert ours
 
 
+async def test_a_waiter_behind_this_process_s_holder_looks_once_when_it_leaves_however_long_it_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the deadline for a stopped holder in another process, a waiter behind a holder of its own
+    process still only waits: it does not look again and again while the holder works."""
+    monkeypatch.setattr(turns_module, "WAIT_AT_MOST", 0.02)
+    turns, looks = Turns(tmp_path / "db-turns"), _Looks()
+
+    async def behind() -> None:
+        async with turns.turn("proposal:1", moved=looks) as ours:
+            assert ours
+
+    async with anyio.create_task_group() as tasks, turns.turn("proposal:1", moved=_still_open):
+        tasks.start_soon(behind)
+        await anyio.sleep(0.3)  # fifteen times the deadline
+        assert looks.count == 0
+    assert looks.count == 1  # once, when the turn was its own
+
+
 async def test_a_waiter_whose_business_is_still_open_gets_the_turn_after_the_holder(tmp_path: Path) -> None:
     turns = Turns(tmp_path / "db-turns")
     order: list[str] = []

@@ -137,19 +137,13 @@ class ApprovalService:
 
     # --- decisions -----------------------------------------------------------------------------------
 
-    async def approve(self, proposal_id: int, operator: Operator, *, expect_hash: str | None = None,
-                      seen: Proposal | None = None) -> Proposal:
-        """`seen`: the proposal as the caller has just read it through `checked` (spares a read)."""
-        if seen is None or seen.id != proposal_id:
-            # Where it stands, first: an operator who comes late learns it from one short row, without the
-            # seal check (the seal covers what would run, never the status).
-            state = await self._proposals.state(proposal_id)
-            if state is None or state.status != "pending":
-                raise self._not_pending(state, proposal_id)
+    async def approve(self, proposal_id: int, operator: Operator, *, expect_hash: str | None = None) -> Proposal:
+        # An operator who comes late, or finds the proposal settled by the turn before, is told from its
+        # status alone, without the seal check (the seal covers what would run, never the status).
         async with self._proposals.turn(proposal_id) as turn:
             if not turn.ours:
                 raise self._not_pending(turn.state, proposal_id)
-            proposal = seen if seen is not None and seen.id == proposal_id else await self.checked(proposal_id)
+            proposal = await self.checked(proposal_id)
             result = await self._approve(proposal, operator, expect_hash)
         if result.outcome == "claimed" and result.claimed is not None:
             return await self._execute(result.claimed, operator)

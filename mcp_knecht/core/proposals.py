@@ -279,9 +279,10 @@ class ProposalRepository(Protocol):
         ...
     def turn(self, proposal_id: int) -> AbstractAsyncContextManager[Turn]:
         """Wait for this proposal's turn to be decided — racing approvals of it queue here, outside any
-        transaction and without the store's write lock — and hold it while deciding. One that had to
-        wait and finds the proposal no longer pending is told so (`Turn.ours` False): the many operators
-        who come too late learn it from one short read."""
+        transaction and without the store's write lock — and hold it while deciding. One that comes late,
+        or had to wait and finds the proposal no longer pending, is told so (`Turn.ours` False): the many
+        operators who come too late learn it from one short read, or from the decision of this process
+        they queued behind."""
         ...
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         """Write `expired` (and its audit row) on every overdue pending proposal; return those."""

@@ -74,6 +74,9 @@ class SqlProposalRepository:
         self._db = db
         self._chain = chain
         self._on_status = on_status
+        self._inside: dict[int, int] = {}
+        """Per proposal: this process's decisions inside its turn, holding it or queued for it."""
+        self._left: dict[int, ProposalState] = {}
 
     async def _changed(self, tx: Transaction, row: Row) -> Proposal:
         """`row` as the proposal it now is, after the status hook has seen it."""
@@ -132,14 +135,38 @@ class SqlProposalRepository:
 
     @asynccontextmanager
     async def turn(self, proposal_id: int) -> AsyncIterator[Turn]:
-        now: list[ProposalState | None] = []
+        """A decision of this process already inside the proposal's turn settles it for the ones queued behind
+        it (`_leave`): they skip the first read and are told from its word, not from the store."""
+        queued_behind = proposal_id in self._inside
+        self._inside[proposal_id] = self._inside.get(proposal_id, 0) + 1
+        try:
+            if not queued_behind:
+                # Where it stands, first: an operator who comes late learns it from one short row.
+                state = await read_state(self._db, proposal_id)
+                if state is None or state.status != "pending":
+                    yield Turn(False, state)
+                    return
+            now: list[ProposalState | None] = []
 
-        async def moved() -> bool:
-            now.append(state := await read_state(self._db, proposal_id))
-            return state is None or state.status != "pending"
+            async def moved() -> bool:
+                state = self._left.get(proposal_id) or await read_state(self._db, proposal_id)
+                now.append(state)
+                return state is None or state.status != "pending"
 
-        async with self._db.turn(f"proposal:{proposal_id}", moved=moved) as ours:
-            yield Turn(True) if ours else Turn(False, now[-1])
+            async with self._db.turn(f"proposal:{proposal_id}", moved=moved) as ours:
+                yield Turn(True) if ours else Turn(False, now[-1])
+        finally:
+            if (inside := self._inside.pop(proposal_id) - 1) > 0:
+                self._inside[proposal_id] = inside
+            else:
+                self._left.pop(proposal_id, None)
+
+    def _leave(self, proposal_id: int, state: ProposalState | None) -> None:
+        """What a decision inside the proposal's turn left it as, for those of this process queued behind
+        it. Only a settled state is left (nothing moves a proposal back to pending), and only while
+        somebody is inside the turn: the word never outlives the queue it was left for."""
+        if state is not None and state.status != "pending" and proposal_id in self._inside:
+            self._left[proposal_id] = state
 
     async def _with_approvals(self, proposals: builtins.list[Proposal]) -> builtins.list[Proposal]:
         found = await approvals_of(self._db, [p.id for p in proposals]) if proposals else {}
@@ -203,8 +230,10 @@ class SqlProposalRepository:
             await self._tell(tx, proposal)
             return proposal
 
-        return await add_approval(self._db, self._chain, proposal_id, approval, required=required, counts=counts,
-                                  audit=audit, approved=claimed)
+        result = await add_approval(self._db, self._chain, proposal_id, approval, required=required, counts=counts,
+                                    audit=audit, approved=claimed)
+        self._leave(proposal_id, result.claimed.state if result.claimed is not None else result.state)
+        return result
 
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool:
         return await self._update(

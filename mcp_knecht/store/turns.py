@@ -128,8 +128,9 @@ class Turns:
             if sliced:
                 await anyio.lowlevel.checkpoint()  # a cancellation (Ctrl-C) gets through, then the next look
             elif holder is not None:
-                with anyio.move_on_after(deadline - anyio.current_time()):
-                    await holder.wait()  # set when it leaves: this process's holder
+                # This process's holder, set when it leaves, with no deadline: it cannot be stopped while this
+                # task runs, and a deadline past due would only make every waiter look again and again.
+                await holder.wait()
             else:
                 await anyio.sleep(pause)  # another process's: a look every few milliseconds
                 pause = min(pause * 2, POLL_MAX)
