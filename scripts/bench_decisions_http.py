@@ -17,7 +17,10 @@ Linux), and the race lasts from the earliest start to the latest end.
 A lost race answers 409 `not_pending` and counts as "lost"; any other non-2xx answer is an HTTP
 error. Effects per label are counted in the database: double executions and missing ones must be 0.
 Baseline in the same run: one client alone over N fresh proposals, through the same server; and
-for reference one in-process approver (`tests.approver_worker`) over another N.
+for reference one in-process approver (`tests.approver_worker`) over another N. Then the K clients
+go over the raced proposals once more ("late": every answer a 409), which prices a lost attempt
+alone: a race's server CPU per decision is about the baseline's plus K-1 of these, and what it
+costs beyond that is the queueing.
 The server's CPU seconds (utime+stime from /proc) during each phase show whether it was CPU-bound.
 
 With `--floor`, the same clients then race against a bare Starlette app on the same uvicorn
@@ -301,15 +304,17 @@ def measure(env: dict[str, str], folder: str, proposals: int, clients: int, orde
         progress("baseline: 1 HTTP client…")
         solo = race(env, base, {"operator-solo": tokens["operator-solo"]}, ranges["solo"], order, server.pid)
         progress(f"race: {clients} HTTP clients, {order}…")
-        raced = race(env, base, {n: t for n, t in tokens.items() if n != "operator-solo"}, ranges["race"], order,
-                     server.pid)
+        racers = {n: t for n, t in tokens.items() if n != "operator-solo"}
+        raced = race(env, base, racers, ranges["race"], order, server.pid)
+        progress(f"late: {clients} HTTP clients over the proposals just decided…")
+        late = race(env, base, racers, ranges["race"], order, server.pid)
         progress("reference: 1 in-process approver…")
         inproc_seconds = in_process(env, ranges["inproc"])
     finally:
         server_exit = stop_server(server)
     effects = {batch: check(anyio.run(_effects, env, f"{tag}{batch}"), proposals) for batch in ("solo", "race")}
     log_text = log.read_text(errors="replace")
-    return {"solo": solo, "race": raced, "inproc_seconds": inproc_seconds, "effects": effects,
+    return {"solo": solo, "race": raced, "late": late, "inproc_seconds": inproc_seconds, "effects": effects,
             "server_exit": server_exit, "server_tracebacks": log_text.count("Traceback"), "load_before": load_before}
 
 
@@ -345,6 +350,12 @@ def summarize(measured: dict[str, Any], url: str, proposals: int, clients: int, 
         "error_sample": next((r["samples"]["error"] for r in [*reports, *solo["reports"]] if "error" in r["samples"]),
                              None),
         "lost_race_answer": next((r["samples"]["lost"] for r in reports if "lost" in r["samples"]), None),
+        "baseline_server_cpu_ms_per_decision": round(solo["server_cpu_seconds"] / max(proposals, 1) * 1000, 3),
+        "race_server_cpu_ms_per_decision": round(raced["server_cpu_seconds"] / max(won, 1) * 1000, 3),
+        "late_server_cpu_ms_per_request": round(
+            measured["late"]["server_cpu_seconds"] / max(proposals * clients, 1) * 1000, 3),
+        "late_requests_per_s": round(proposals * clients / measured["late"]["seconds"], 1),
+        "late_unexpected": sum(r["won"] + r["recorded"] + r["errors"] for r in measured["late"]["reports"]),
         "server_cpu_seconds": round(raced["server_cpu_seconds"], 2),
         "server_cpu_share": round(raced["server_cpu_seconds"] / raced["seconds"], 2),
         "clients_cpu_seconds": round(sum(r["cpu_seconds"] for r in reports), 2),
@@ -376,7 +387,7 @@ def run(proposals: int, clients: int, order: str, db_url: str | None, floor: boo
 def failed(result: dict[str, Any]) -> bool:
     return bool(result["http_errors"] or result.get("floor_errors") or result["double_executions"] or result["missing"]
                 or result["baseline_double_executions"] or result["baseline_missing"] or result["recorded"]
-                or result["server_tracebacks"])
+                or result["server_tracebacks"] or result["late_unexpected"])
 
 
 def report(result: dict[str, Any]) -> None:
@@ -384,13 +395,17 @@ def report(result: dict[str, Any]) -> None:
     print(f"store                     {result['database']}  ({result['proposals']} proposals, {result['order']}, "
           f"{result['cores']} cores, load {result['load_average_before']} before)")
     print(f"baseline (1 HTTP client)  {result['baseline_decisions_per_s']:>8} decisions/s  "
-          f"(server CPU {result['baseline_server_cpu_share']:.0%} of a core)")
+          f"(server CPU {result['baseline_server_cpu_share']:.0%} of a core, "
+          f"{result['baseline_server_cpu_ms_per_decision']} ms per decision)")
     print(f"in-process (1 approver)   {result['inprocess_decisions_per_s']:>8} decisions/s")
     print(f"race ({k} HTTP clients)    {result['race_decisions_per_s']:>8} decisions/s  "
           f"({result['race_attempts_per_s']} attempts/s, ratio {result['ratio_race_to_baseline']}x, "
           f"target ≥ {result['target_decisions_per_s']:.0f}: {'met' if result['target_met'] else 'MISSED'})")
     print(f"race time                 {result['race_seconds']} s; server CPU {result['server_cpu_seconds']} s "
-          f"({result['server_cpu_share']:.0%} of a core), clients CPU {result['clients_cpu_seconds']} s")
+          f"({result['server_cpu_share']:.0%} of a core, {result['race_server_cpu_ms_per_decision']} ms per "
+          f"decision), clients CPU {result['clients_cpu_seconds']} s")
+    print(f"late ({k} HTTP clients)    {result['late_requests_per_s']:>8} requests/s over decided proposals  "
+          f"(server CPU {result['late_server_cpu_ms_per_request']} ms per request)")
     print(f"wins per client           {result['wins_per_client']}")
     print(f"executed                  {result['executed']} of {result['proposals']}  {result['won_statuses']}")
     print(f"double executions         {result['double_executions']}")

@@ -135,26 +135,29 @@ class SqlProposalRepository:
 
     @asynccontextmanager
     async def turn(self, proposal_id: int) -> AsyncIterator[Turn]:
-        """A decision of this process already inside the proposal's turn settles it for the ones queued behind
-        it (`_leave`): they skip the first read and are told from its word, not from the store."""
+        """One queued behind a decision of this process skips the first read and is told by that decision
+        (`_leave`), not by the store."""
         queued_behind = proposal_id in self._inside
         self._inside[proposal_id] = self._inside.get(proposal_id, 0) + 1
         try:
             if not queued_behind:
-                # Where it stands, first: an operator who comes late learns it from one short row.
+                # Where it stands, first, outside the turn: an operator who comes late learns it from one short
+                # row. (Reading it inside the turn instead spares a waiter in another process one read, but
+                # makes the late ones of one server queue for the turn of a proposal long decided.)
                 state = await read_state(self._db, proposal_id)
                 if state is None or state.status != "pending":
                     yield Turn(False, state)
                     return
-            now: list[ProposalState | None] = []
+            looked: list[ProposalState | None] = []
 
             async def moved() -> bool:
-                state = self._left.get(proposal_id) or await read_state(self._db, proposal_id)
-                now.append(state)
+                if (state := self._left.get(proposal_id)) is None:
+                    self._leave(proposal_id, state := await read_state(self._db, proposal_id))
+                looked.append(state)
                 return state is None or state.status != "pending"
 
             async with self._db.turn(f"proposal:{proposal_id}", moved=moved) as ours:
-                yield Turn(True) if ours else Turn(False, now[-1])
+                yield Turn(True) if ours else Turn(False, looked[-1])
         finally:
             if (inside := self._inside.pop(proposal_id) - 1) > 0:
                 self._inside[proposal_id] = inside
