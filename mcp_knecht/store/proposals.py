@@ -77,6 +77,7 @@ class SqlProposalRepository:
         self._inside: dict[int, int] = {}
         """Per proposal: this process's decisions inside its turn, holding it or queued for it."""
         self._left: dict[int, ProposalState] = {}
+        """Per proposal: the settled state a decision inside its turn left for those queued (`_leave`)."""
 
     async def _changed(self, tx: Transaction, row: Row) -> Proposal:
         """`row` as the proposal it now is, after the status hook has seen it."""
