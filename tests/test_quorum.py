@@ -437,3 +437,52 @@ async def test_operators_queued_behind_a_claim_are_told_by_it_not_by_the_row_whe
         with pytest.raises(NotPendingError, match="rejected by eve"):
             await racing.approve(proposal_id, Operator("operator-9"))
     assert await _effects(shared_env["KNECHT_DATABASE_URL"]) == {"queued": 1}
+
+
+# --- a proposal claimed once is never claimed again ------------------------------------------------
+
+WRITTEN_BACK = ("UPDATE proposals SET status = 'pending', decided_by = NULL, decided_at = NULL, started_at = NULL,"
+                " finished_at = NULL, result_json = NULL, error = NULL WHERE id = ?")
+
+
+@pytest.mark.parametrize("also", ["nothing else", "its approvals", "its approved audit row"])
+async def test_a_proposal_written_back_to_pending_after_it_ran_is_refused_not_run_again(
+    quorum_env: dict[str, str], also: str,
+) -> None:
+    """Someone with write access to the database sets a finished proposal back to pending, as it was
+    before its approval (the seal covers what runs, not the status). Another operator's approval of it
+    is refused, audited and writes nothing: what the approvals recorded before, or the audit log's
+    `approved` row, shows it was claimed once."""
+    from mcp_knecht.core.approval import Operator
+    from mcp_knecht.errors import TamperedError
+
+    [one, two] = await _stage(quorum_env, "one-again", "two-again")
+    async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
+        assert (await app.approvals.approve(one, Operator("bob"))).status == "succeeded"
+        assert (await app.approvals.approve(two, Operator("bob"))).status == "pending"
+        assert (await app.approvals.approve(two, Operator("carol"))).status == "succeeded"
+        async with app.db.transaction() as tx:
+            for proposal_id in (one, two):
+                await tx.execute(WRITTEN_BACK, (proposal_id,))
+                if also == "its approvals":
+                    await tx.execute("DELETE FROM proposal_approvals WHERE proposal_id = ?", (proposal_id,))
+                elif also == "its approved audit row":
+                    await tx.execute("DELETE FROM audit_log WHERE proposal_id = ? AND outcome = 'approved'",
+                                     (proposal_id,))
+        for proposal_id in (one, two):
+            shown = await app.approvals.checked(proposal_id)
+            assert shown.status == "pending"  # what the row says; approving it is what is refused
+            with pytest.raises(TamperedError, match=f"#{proposal_id} was approved and run before"):
+                await app.approvals.approve(proposal_id, Operator("dave"))
+            state = await app.proposals.state(proposal_id)
+            assert state is not None and state.status == "pending" and state.decided_by is None  # nothing written
+            people = await app.db.fetch_all("SELECT person FROM proposal_approvals WHERE proposal_id = ?",
+                                            (proposal_id,))
+            assert "dave" not in {row["person"] for row in people}
+            tampered = await app.db.fetch_all(
+                "SELECT subject, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
+            assert [(row["subject"], json.loads(row["detail"])["problem"]) for row in tampered] == [
+                ("local:dave", "claimed before, status written back to pending")]
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"one-again": 1, "two-again": 1}
+    verified = await acli("mcp-knecht", quorum_env, "audit", "verify")
+    assert (verified.returncode == 0) == (also != "its approved audit row"), verified.stdout + verified.stderr

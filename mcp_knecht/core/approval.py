@@ -9,8 +9,9 @@
 A proposal needs `approvers` distinct operators (1 unless the rule that staged it asks for more;
 never the proposer). Each approval is recorded and sealed; the one that completes the quorum claims
 the proposal in the same transaction, with one conditional update: of racing operators exactly one
-wins, and only the winner executes. One operator rejecting is enough. Each transition commits
-together with its audit row. Before a proposal is shown or approved its seal (and each of its
+wins, and only the winner executes; a proposal claimed once is not claimed again when its row is
+written back to pending (`store.quorum` says how far that holds). One operator rejecting is enough.
+Each transition commits together with its audit row. Before a proposal is shown or approved its seal (and each of its
 approvals' seals) is checked — a server-keyed MAC over everything that decides what runs and who
 must approve it — so a row rewritten in the database is refused (and the refusal audited), never
 run. The claim compares the row it changes with that checked proposal, inside its transaction, and
@@ -106,13 +107,14 @@ class ApprovalService:
             raise await self._tampered(Operator(reader), proposal, "seal broken")
         return proposal
 
-    async def _tampered(self, operator: Operator, proposal: Proposal, problem: str) -> TamperedError:
+    async def _tampered(self, operator: Operator, proposal: Proposal, problem: str,
+                        told: str | None = None) -> TamperedError:
         """The refusal of a row changed outside mcp-knecht, audited before it is told."""
         self._record(operator, proposal, "tampered", problem=problem)
         await self._audit.flush()
         return TamperedError(
-            f"Proposal #{proposal.id} fails its seal: its row was changed outside mcp-knecht (arguments, tool, "
-            "proposer, scopes, quorum or an approval). It will not be shown or run; check the database and "
+            told or f"Proposal #{proposal.id} fails its seal: its row was changed outside mcp-knecht (arguments, "
+            "tool, proposer, scopes, quorum or an approval). It will not be shown or run; check the database and "
             "`mcp-knecht audit verify`.")
 
     @staticmethod
@@ -153,6 +155,11 @@ class ApprovalService:
             return replace(proposal, approvals=result.approvals)
         if result.outcome == "changed":
             raise await self._tampered(operator, proposal, "row changed before its claim")
+        if result.outcome == "claimed_before":
+            raise await self._tampered(
+                operator, proposal, "claimed before, status written back to pending",
+                f"Proposal #{proposal_id} was approved and run before: its row was written back to pending outside "
+                "mcp-knecht. It will not run again; check the database and `mcp-knecht audit verify`.")
         if result.outcome == "duplicate":
             current = await self.checked(proposal_id)
             raise AlreadyApprovedError(f"You approved proposal #{proposal_id} already ({current.quorum}).")

@@ -22,7 +22,7 @@ Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rej
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
 DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired"})
-QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "changed"]
+QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "changed", "claimed_before"]
 
 
 def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
@@ -297,7 +297,9 @@ class ProposalRepository(Protocol):
         same transaction: `claimed` for exactly one caller. Otherwise `recorded`, `duplicate` (this person
         approved already) or `not_pending`. `audit(counted, completes)` is the row committed with it.
         `approved_as`: the proposal as the operator approved it (its seal checked); a claim of a row that
-        differs from it (`Proposal.sealed`) is rolled back: `changed`."""
+        differs from it (`Proposal.sealed`) is rolled back: `changed`. A proposal claimed once and written
+        back to pending in the database (its earlier approvals complete the quorum, or the audit log holds
+        its `approved` row) is refused with nothing written: `claimed_before`."""
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,

@@ -4,13 +4,19 @@
                                           proposal's turn first: `ProposalRepository.turn`):
       lock `proposal:<id>`                every approval of this proposal, on every replica, queues here
       read it with its approvals          (each statement after the lock sees what the previous holder committed);
-                                          no longer pending → `not_pending` at once, nothing written
+        and whether it was approved       no longer pending → `not_pending` at once, nothing written
       insert this one                     at most one per person (also a UNIQUE key)
       the quorum complete?  yes → UPDATE … SET status = 'executing' WHERE id = ? AND status = 'pending' …
                             no  → UPDATE … SET status = status   WHERE id = ? AND status = 'pending' …
       the UPDATE changed no row → roll back: `not_pending` (rejected, expired, claimed meanwhile)
       the audit row                        `approved` or `approval_recorded`, committed with it
       a claimed row unlike the proposal the operator approved (`approved` answers None) → roll back: `changed`
+
+A proposal claimed once is never claimed again, even when someone with write access to the database
+writes its row back to `pending` (the seal covers what would run, not the status): the claim is refused
+(`claimed_before`, nothing written) when the approvals recorded before this one already complete the
+quorum, or when the audit log holds an `approved` row for it. To get past both, the writer must delete
+the approvals and that audit row, which breaks the audit chain (`mcp-knecht audit verify` names it).
 
 Both UPDATEs are conditional on the proposal still being pending, so an approval never lands on a
 proposal a rejection or expiry committed first (on PostgreSQL the UPDATE waits for such a writer's row
@@ -45,12 +51,21 @@ class _Changed(Exception):
     """Rolls the claim back: the row is not the proposal the operator approved."""
 
 
+class _ClaimedBefore(Exception):
+    """Rolls the approval back: the proposal was claimed once already, and its row was written back to pending."""
+
+
 def approval(row: Row, prefix: str = "") -> Approval:
     return Approval(operator=row[f"{prefix}operator"], person=row[f"{prefix}person"],
                     approved_at=row[f"{prefix}approved_at"], seal=row[f"{prefix}seal"])
 
 
 _STATE = "SELECT id, status, expires_at, decided_by, decided_at FROM proposals WHERE id = ?"
+_WITH_APPROVALS = (
+    "SELECT p.status, p.expires_at, p.decided_by, p.decided_at, a.operator, a.person, a.approved_at, a.seal,"
+    " (SELECT MIN(l.id) FROM audit_log l WHERE l.proposal_id = p.id AND l.outcome = 'approved') AS approved_in"
+    " FROM proposals p LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ? ORDER BY a.id"
+)
 
 
 def proposal_state(row: Row, now: str) -> ProposalState:
@@ -77,10 +92,7 @@ async def add_approval(
     try:
         async with db.transaction(durable=True) as tx:
             await tx.lock(f"proposal:{proposal_id}")
-            rows = await tx.fetch_all(
-                "SELECT p.status, p.expires_at, p.decided_by, p.decided_at, a.operator, a.person, a.approved_at,"
-                " a.seal FROM proposals p LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ?"
-                " ORDER BY a.id", (proposal_id,))
+            rows = await tx.fetch_all(_WITH_APPROVALS, (proposal_id,))
             if not rows:
                 raise _NotPending()
             if rows[0]["status"] != "pending" or rows[0]["expires_at"] <= new.approved_at:
@@ -88,12 +100,15 @@ async def add_approval(
             earlier = [approval(row) for row in rows if row["person"] is not None]
             if any(a.person == new.person for a in earlier):
                 return QuorumResult("duplicate")
+            counted_before = [a for a in earlier if counts(a)]
+            if rows[0]["approved_in"] is not None or len({a.person for a in counted_before}) >= required:
+                raise _ClaimedBefore
             await tx.execute(
                 "INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (proposal_id, new.operator, new.person, new.approved_at, new.seal),
             )
-            counted = (*(a for a in earlier if counts(a)), new)
+            counted = (*counted_before, new)
             completes = len({a.person for a in counted}) >= required
             pending = "WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?"
             params: tuple[Any, ...] = (proposal_id, new.approved_at, new.operator)
@@ -113,6 +128,8 @@ async def add_approval(
         return QuorumResult("not_pending", state=exc.state)
     except _Changed:
         return QuorumResult("changed")
+    except _ClaimedBefore:
+        return QuorumResult("claimed_before")
     if not completes:
         return QuorumResult("recorded", approvals=counted)
     return QuorumResult("claimed", claimed=replace(claimed, approvals=counted) if claimed else None,
