@@ -18,6 +18,7 @@
     python scripts/bench_gate.py --calls 10000 --starts 30 --json
     python scripts/bench_gate.py --importtime    # also: top start-up imports of `mcp-knecht serve`
     python scripts/bench_gate.py --classes       # also: start-up time spent creating classes
+    python scripts/bench_gate.py --skip calls --compare /tmp/before   # also: an earlier checkout's start
     python scripts/bench_gate.py --profile 3000  # also: cProfile of N gated calls (tottime)
     python scripts/bench_gate.py --steps 3000    # also: each gate step's time inside calls and warm
 
@@ -470,24 +471,28 @@ def phase_cold_start(args: argparse.Namespace, env: dict[str, str], tmp: Path) -
     token, _ = mint(env, "bench", "readonly")
     environment = child_env(env, token)
     commands = server_commands(tmp)
+    environments = {name: environment for name in commands}
+    if args.compare:  # the same command, importing mcp_knecht from another checkout
+        commands["compare"] = commands["gated"]
+        environments["compare"] = {**environment, "PYTHONPATH": str(Path(args.compare).resolve())}
     times: dict[tuple[str, str], list[float]] = {}
     progress(f"stdio cold start: {args.starts} starts per server and protocol, interleaved")
     # One unrecorded start each: page cache and .pyc files warm for both.
     for name, command in commands.items():
-        spawn_once(command, environment, MODERN_REQUESTS, 1, tmp / f"{name}.stderr")
+        spawn_once(command, environments[name], MODERN_REQUESTS, 1, tmp / f"{name}.stderr")
     for i in range(args.starts):
         order = list(commands.items()) if i % 2 == 0 else list(commands.items())[::-1]
         for name, command in order:
-            seen = spawn_once(command, environment, MODERN_REQUESTS, 1, tmp / f"{name}.stderr")
+            seen = spawn_once(command, environments[name], MODERN_REQUESTS, 1, tmp / f"{name}.stderr")
             times.setdefault((name, "modern_tools_list"), []).append(seen[1])
-            seen = spawn_once(command, environment, LEGACY_REQUESTS, 2, tmp / f"{name}.stderr")
+            seen = spawn_once(command, environments[name], LEGACY_REQUESTS, 2, tmp / f"{name}.stderr")
             times.setdefault((name, "legacy_initialize"), []).append(seen[1])
             times.setdefault((name, "legacy_tools_list"), []).append(seen[2])
-    result: dict[str, Any] = {"starts": args.starts, "commands": commands, "measures": []}
+    result: dict[str, Any] = {"starts": args.starts, "commands": commands, "compare": args.compare, "measures": []}
     for measure in ("modern_tools_list", "legacy_initialize", "legacy_tools_list"):
         gated = statistics.median(times[("gated", measure)]) * 1000
         bare = statistics.median(times[("bare", measure)]) * 1000
-        result["measures"].append({
+        row = {
             "measure": measure,
             "gated_median_ms": round(gated, 1),
             "bare_median_ms": round(bare, 1),
@@ -496,7 +501,11 @@ def phase_cold_start(args: argparse.Namespace, env: dict[str, str], tmp: Path) -
             "ratio": round(gated / bare, 3),
             "target": TARGET_START_RATIO,
             "meets_target": gated / bare <= TARGET_START_RATIO,
-        })
+        }
+        if args.compare:
+            compared = statistics.median(times[("compare", measure)]) * 1000
+            row.update(compare_median_ms=round(compared, 1), compare_ratio=round(compared / bare, 3))
+        result["measures"].append(row)
     return result
 
 
@@ -614,6 +623,8 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"   {m['measure']:<18} gated {m['gated_median_ms']:>7.1f} ({m['gated_min_ms']:.0f})  "
                   f"bare {m['bare_median_ms']:>7.1f} ({m['bare_min_ms']:.0f})  ratio {m['ratio']:.3f}  "
                   f"≤{m['target']} {_mark(m['meets_target'])}")
+            if "compare_median_ms" in m:
+                print(f"   {'':<18} {cold['compare']}: {m['compare_median_ms']:>7.1f}  ratio {m['compare_ratio']:.3f}")
     imports = report.get("import_time")
     if imports:
         print(f"\n3. -X importtime: mcp-knecht serve {imports['knecht_total_ms']} ms of imports, bare "
@@ -651,6 +662,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arguments", metavar="JSON", help=f"{TOOL} arguments (default: the first project)")
     parser.add_argument("--skip", choices=("calls", "starts"), action="append", default=[],
                         help="leave out a phase (repeatable)")
+    parser.add_argument("--compare", metavar="CHECKOUT",
+                        help="also cold-start another checkout's server (say, a git worktree of an earlier "
+                             "commit), interleaved with the two")
     parser.add_argument("--importtime", action="store_true", help="also report start-up import times")
     parser.add_argument("--classes", action="store_true",
                         help="also report the start-up time spent creating dataclasses and pydantic models")

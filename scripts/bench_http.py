@@ -522,7 +522,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     env = bench_env(tmp, secrets.token_urlsafe(48))
     progress(f"demo data into {env['KNECHT_DATABASE_URL']}")
     demo = await fill_database(env["KNECHT_DATABASE_URL"])
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "TMPDIR")
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "TMPDIR", "PYTHONPATH")  # PYTHONPATH: a worktree's code
     child_env = {**{k: v for k, v in os.environ.items() if k in keep}, **env}
     tokens = mint_tokens(env, max([*args.clients, SOAK_CLIENTS if args.soak_minutes > 0 else 1]))
     report: dict[str, Any] = {

@@ -1,9 +1,10 @@
 """One racing approver: `python -m tests.approver_worker NAME FIRST_ID LAST_ID [SEED]`.
 
 Opens the app from the environment (KNECHT_DATABASE_URL, KNECHT_TOOLSETS, …) as knecht-approve does
-(its event loop, a blocking store) and tries to approve every id in the range — in order, or shuffled
-by SEED; prints one JSON line: how many it won (its approval claimed and executed the proposal),
-recorded (its approval counted toward a quorum still short) and lost, its seconds and its CPU seconds.
+(its event loop, a blocking store, its start-up heap) and tries to approve every id in the range — in
+order, or shuffled by SEED; prints one JSON line: how many it won (its approval claimed and executed the
+proposal), recorded (its approval counted toward a quorum still short) and lost, its seconds and its CPU
+seconds.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ import time
 
 import anyio
 
-from mcp_knecht.app import open_app
 from mcp_knecht.cli.event_loop import FAST_LOOP
-from mcp_knecht.core.approval import Operator
-from mcp_knecht.core.settings import load_settings
-from mcp_knecht.errors import NotPendingError
+from mcp_knecht.cli.startup_heap import collect_later, serving
 
 
 def _cpu_seconds() -> float:
@@ -29,11 +27,17 @@ def _cpu_seconds() -> float:
 
 
 async def race(name: str, first: int, last: int, seed: int | None = None) -> dict[str, float]:
+    from mcp_knecht.app import open_app  # imported here, as knecht-approve does: after `collect_later`
+    from mcp_knecht.core.approval import Operator
+    from mcp_knecht.core.settings import load_settings
+    from mcp_knecht.errors import NotPendingError
+
     won = recorded = lost = 0
     ids = list(range(first, last + 1))
     if seed is not None:
         random.Random(seed).shuffle(ids)
     async with open_app(load_settings(), watch_policy=False, blocking_store=True) as app:
+        serving()
         service = app.approvals
         started, cpu = time.perf_counter(), _cpu_seconds()
         for proposal_id in ids:
@@ -52,6 +56,7 @@ async def race(name: str, first: int, last: int, seed: int | None = None) -> dic
 
 
 if __name__ == "__main__":
+    collect_later()
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else None
     result = anyio.run(race, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), seed, backend_options=FAST_LOOP)
     print(json.dumps(result))

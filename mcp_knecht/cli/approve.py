@@ -17,6 +17,7 @@ import anyio
 
 from mcp_knecht.cli.errors import EXIT_FAILED, EXIT_OK, report, say
 from mcp_knecht.cli.event_loop import FAST_LOOP
+from mcp_knecht.cli.startup_heap import collect_later
 from mcp_knecht.cli.terminal import safe_output
 from mcp_knecht.errors import KnechtError
 
@@ -49,10 +50,12 @@ yours to approve, 2 usage error
 
 async def _with_decisions(args: argparse.Namespace) -> int:
     from mcp_knecht.cli.decisions import open_decisions
+    from mcp_knecht.cli.startup_heap import serving
     from mcp_knecht.core.settings import load_settings
 
     settings = load_settings(db=args.db, config=args.config)
     async with open_decisions(settings, server=args.server, as_name=args.operator) as decisions:
+        serving()
         result: int = await args.run(args, decisions)
         return result
 
@@ -212,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    collect_later()
     try:
         return anyio.run(_with_decisions, args, backend_options=FAST_LOOP)
     except KnechtError as exc:

@@ -55,6 +55,9 @@ def _token_settings(settings, *, announce: bool = True):  # type: ignore[no-unty
 def _cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
+    from mcp_knecht.cli.startup_heap import collect_later
+
+    collect_later()
     settings = _settings(args)
     log_format = args.log_format or settings.log_format
     token_settings = _token_settings(settings)
@@ -98,6 +101,7 @@ async def _serve_stdio(  # type: ignore[no-untyped-def]
     settings, actor, leeway_seconds: int, log_format: LogFormat
 ) -> int:
     from mcp_knecht.app import open_app
+    from mcp_knecht.cli.startup_heap import serving
     from mcp_knecht.observe import build_telemetry
     from mcp_knecht.transports.stdio import serve_stdio
 
@@ -105,6 +109,7 @@ async def _serve_stdio(  # type: ignore[no-untyped-def]
     try:
         async with open_app(settings, observe=telemetry.observe) as app:
             telemetry.attach(app)
+            serving()
             await serve_stdio(app, actor, leeway_seconds=leeway_seconds)
     finally:
         telemetry.close()
@@ -115,6 +120,7 @@ async def _serve_http(  # type: ignore[no-untyped-def]
     settings, verifier, args: argparse.Namespace, log_format: LogFormat
 ) -> int:
     from mcp_knecht.app import open_app
+    from mcp_knecht.cli.startup_heap import serving
     from mcp_knecht.observe import build_telemetry
     from mcp_knecht.transports.http import serve_http
 
@@ -132,6 +138,7 @@ async def _serve_http(  # type: ignore[no-untyped-def]
                 logging.getLogger("mcp_knecht.serve").info(announce)
             else:
                 say(announce)
+            serving()
             await serve_http(app, verifier, host=args.host, port=args.port, stateless=args.stateless,
                              public_url=args.public_url, metrics=telemetry.metrics, json_logs=log_format == "json")
     finally:
