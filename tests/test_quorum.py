@@ -486,3 +486,28 @@ async def test_a_proposal_written_back_to_pending_after_it_ran_is_refused_not_ru
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"one-again": 1, "two-again": 1}
     verified = await acli("mcp-knecht", quorum_env, "audit", "verify")
     assert (verified.returncode == 0) == (also != "its approved audit row"), verified.stdout + verified.stderr
+
+
+async def test_an_approval_reads_its_own_proposals_audit_rows_however_long_the_log(database_url: str) -> None:
+    """Whether a proposal was approved before is looked up among that proposal's own audit rows (the
+    index by proposal), not by walking the log's `approved` rows in order until one is its: that made
+    every decision slower by each decision before it. On SQLite with no planner statistics yet (a new
+    store) and on PostgreSQL with them."""
+    from mcp_knecht.store import quorum
+
+    db = await open_database(database_url)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute_many(
+                "INSERT INTO audit_log (id, at, source, subject, client, tool, outcome, proposal_id, prev_hash, hash)"
+                " VALUES (?, ?, 'approval', 'bob', 'pytest', 'record_effect', ?, ?, '', '')",
+                [(n, timestamp(), "approved" if n % 3 else "executed", n // 3) for n in range(1, 30_001)])
+        if db.dialect == "postgresql":
+            await db.fetch_all("ANALYZE audit_log")
+        plan = " ".join(str(value) for row in await db.fetch_all(
+            f"EXPLAIN {'QUERY PLAN ' if db.dialect == 'sqlite' else ''}{quorum._WITH_APPROVALS}", (5_000,))
+            for value in row.values())
+    finally:
+        await db.close()
+    assert "audit_by_outcome" not in plan, plan
+    assert "audit_by_proposal" in plan, plan

@@ -61,9 +61,13 @@ def approval(row: Row, prefix: str = "") -> Approval:
 
 
 _STATE = "SELECT id, status, expires_at, decided_by, decided_at FROM proposals WHERE id = ?"
+# `l.outcome || ''`: an expression no index covers, so the planner reads the proposal's few audit rows
+# (`audit_by_proposal`). On `l.outcome` itself, MIN(l.id) tempts it to walk every `approved` row of the
+# log in id order (`audit_by_outcome`) until one is this proposal's: a decision that grew with the log.
 _WITH_APPROVALS = (
     "SELECT p.status, p.expires_at, p.decided_by, p.decided_at, a.operator, a.person, a.approved_at, a.seal,"
-    " (SELECT MIN(l.id) FROM audit_log l WHERE l.proposal_id = p.id AND l.outcome = 'approved') AS approved_in"
+    " (SELECT MIN(l.id) FROM audit_log l WHERE l.proposal_id = p.id AND l.outcome || '' = 'approved')"
+    " AS approved_in"
     " FROM proposals p LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ? ORDER BY a.id"
 )
 
