@@ -1,6 +1,6 @@
 """Benchmark: proposals and the audit log at scale. Targets: `list_proposals`, `knecht-approve list`
-and the proposals resource list ≤ 5 ms median over 1,000,000 proposals; `audit list` filters ≤ 5 ms
-and `audit verify` streaming in bounded memory over 10,000,000 audit rows (rows/s reported).
+and the proposals resource list ≤ 5 ms median over 1,000,000 proposals (and what a decision reads);
+`audit list` filters ≤ 5 ms and `audit verify` streaming in bounded memory over 10,000,000 audit rows (rows/s reported).
 
     python scripts/bench_scale.py                                # 1M proposals, 10M audit rows (cached)
     python scripts/bench_scale.py --proposals 100000 --audit-rows 1000000   # quicker
@@ -28,7 +28,7 @@ import anyio
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.keys import ServerKeys
-from mcp_knecht.store import open_database
+from mcp_knecht.store import open_database, quorum
 from mcp_knecht.store.audit_log import AuditChain, recent_entries
 from mcp_knecht.store.proposals import SqlProposalRepository
 
@@ -127,6 +127,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "audit list --outcome denied": lambda: recent_entries(db, outcome="denied", limit=50),
             "audit list --proposal 4242": lambda: recent_entries(db, proposal_id=4242, limit=50),
             "audit list --source approval (none)": lambda: recent_entries(db, source="approval", limit=50),
+            # What a decision reads: the proposal with its approvals, and the claim's read (with whether the
+            # audit log holds an `approved` row for it) — neither may grow with the store.
+            "decision: the proposal (get 4242)": lambda: repo.get(4242),
+            "decision: the claim's read (4242)": lambda: db.lookup(quorum._WITH_APPROVALS, (4242,)),
         }
         for name, query in cases.items():
             report["cases"][name] = await _timed(args.rounds, query)
