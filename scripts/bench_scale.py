@@ -130,7 +130,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # What a decision reads: the proposal with its approvals, and the claim's read (with whether the
             # audit log holds an `approved` row for it) — neither may grow with the store.
             "decision: the proposal (get 4242)": lambda: repo.get(4242),
-            "decision: the claim's read (4242)": lambda: db.lookup(quorum._WITH_APPROVALS, (4242,)),
+            "decision: the claim's read (4242)": lambda: db.lookup(quorum.CLAIM_READ, (4242,)),
         }
         for name, query in cases.items():
             report["cases"][name] = await _timed(args.rounds, query)

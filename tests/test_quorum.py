@@ -505,7 +505,7 @@ async def test_an_approval_reads_its_own_proposals_audit_rows_however_long_the_l
         if db.dialect == "postgresql":
             await db.fetch_all("ANALYZE audit_log")
         plan = " ".join(str(value) for row in await db.fetch_all(
-            f"EXPLAIN {'QUERY PLAN ' if db.dialect == 'sqlite' else ''}{quorum._WITH_APPROVALS}", (5_000,))
+            f"EXPLAIN {'QUERY PLAN ' if db.dialect == 'sqlite' else ''}{quorum.CLAIM_READ}", (5_000,))
             for value in row.values())
     finally:
         await db.close()

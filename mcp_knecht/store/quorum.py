@@ -61,10 +61,11 @@ def approval(row: Row, prefix: str = "") -> Approval:
 
 
 _STATE = "SELECT id, status, expires_at, decided_by, decided_at FROM proposals WHERE id = ?"
-# `l.outcome || ''`: an expression no index covers, so the planner reads the proposal's few audit rows
+# What a claim reads, in its transaction: the proposal's state, its approvals, and whether it was approved
+# before. `l.outcome || ''`: an expression no index covers, so the planner reads the proposal's few audit rows
 # (`audit_by_proposal`). On `l.outcome` itself, MIN(l.id) tempts it to walk every `approved` row of the
 # log in id order (`audit_by_outcome`) until one is this proposal's: a decision that grew with the log.
-_WITH_APPROVALS = (
+CLAIM_READ = (
     "SELECT p.status, p.expires_at, p.decided_by, p.decided_at, a.operator, a.person, a.approved_at, a.seal,"
     " (SELECT MIN(l.id) FROM audit_log l WHERE l.proposal_id = p.id AND l.outcome || '' = 'approved')"
     " AS approved_in"
@@ -96,7 +97,7 @@ async def add_approval(
     try:
         async with db.transaction(durable=True) as tx:
             await tx.lock(f"proposal:{proposal_id}")
-            rows = await tx.fetch_all(_WITH_APPROVALS, (proposal_id,))
+            rows = await tx.fetch_all(CLAIM_READ, (proposal_id,))
             if not rows:
                 raise _NotPending()
             if rows[0]["status"] != "pending" or rows[0]["expires_at"] <= new.approved_at:
