@@ -16,6 +16,18 @@ def test_help_shows_examples_for_every_program(env: dict[str, str]) -> None:
         assert shown.returncode == 0 and "example" in shown.stdout
 
 
+def test_serve_has_its_own_help_and_refuses_what_it_does_not_know(env: dict[str, str]) -> None:
+    shown = cli("mcp-knecht", env, "serve", "--help")
+    assert shown.returncode == 0
+    assert "--transport {stdio,http}" in shown.stdout and "--stateless" in shown.stdout
+    refused = cli("mcp-knecht", env, "serve", "--transport", "carrier-pigeon")
+    assert refused.returncode == 2 and "invalid choice: 'carrier-pigeon'" in refused.stderr
+    refused = cli("mcp-knecht", env, "serve", "--bogus")
+    assert refused.returncode == 2 and "unrecognized arguments: --bogus" in refused.stderr
+    listed = cli("mcp-knecht", env, "--help")
+    assert all(command in listed.stdout for command in ("serve", "token", "demo-data", "audit", "notify"))
+
+
 def test_a_minted_token_carries_the_profile_and_extra_claims(env: dict[str, str], secret: str) -> None:
     minted = cli("mcp-knecht", env, "token", "mint", "--sub", "dora", "--profile", "readonly",
                  "--claim", "knecht_role=support", "--ttl", "30m")
