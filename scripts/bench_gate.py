@@ -404,9 +404,11 @@ class StartFailed(Exception):
     pass
 
 
-def spawn_once(command: list[str], env: dict[str, str], requests: bytes, want: int,
-               stderr_path: Path) -> dict[int, float]:
-    """Spawn, write `requests`, return {response id: seconds since spawn} until id `want` arrives."""
+def spawn_once(command: list[str], env: dict[str, str], requests: bytes, want: int, stderr_path: Path, *,
+               timeout: float = START_TIMEOUT,
+               on_answer: Callable[[subprocess.Popen[bytes]], None] | None = None) -> dict[int, float]:
+    """Spawn, write `requests`, return {response id: seconds since spawn} until id `want` arrives;
+    `on_answer(process)` is called the moment it does (`bench_instructions.py` stops the count there)."""
     seen: dict[int, float] = {}
     with open(stderr_path, "wb") as errors:
         t0 = time.perf_counter()
@@ -421,8 +423,8 @@ def spawn_once(command: list[str], env: dict[str, str], requests: bytes, want: i
             with selectors.DefaultSelector() as selector:
                 selector.register(fd, selectors.EVENT_READ)
                 while want not in seen:
-                    if not selector.select(timeout=max(0.0, t0 + START_TIMEOUT - time.perf_counter())):
-                        raise StartFailed(f"no response within {START_TIMEOUT}s")
+                    if not selector.select(timeout=max(0.0, t0 + timeout - time.perf_counter())):
+                        raise StartFailed(f"no response within {timeout}s")
                     chunk = os.read(fd, 65536)
                     now = time.perf_counter() - t0
                     if not chunk:
@@ -436,6 +438,8 @@ def spawn_once(command: list[str], env: dict[str, str], requests: bytes, want: i
                         if "tools" in message["result"] and not message["result"]["tools"]:
                             raise StartFailed("tools/list answered with no tools")
                         seen[message["id"]] = now
+            if on_answer is not None:
+                on_answer(proc)
             proc.stdin.close()
             try:
                 proc.wait(timeout=10)

@@ -1,0 +1,338 @@
+"""Instructions, not seconds: the gate and the stdio cold start against the bare SDK server, counted.
+
+On two noisy cores a 5 % difference drowns in the spread of wall-clock runs (`bench_gate.py`
+quotes single rounds from 0.67x to 1.43x). Valgrind counts the instructions a process executes
+(`cachegrind --cache-sim=no`, every thread, user space only), which does not depend on what else
+the machine is doing: two runs of the same code agree to well under 1 %. What it leaves out is
+the kernel's share (reading files, page faults, the disk), so it complements `bench_gate.py`'s
+wall-clock figures, it does not replace them.
+
+1. Per gated `tools/call` in memory (`mcp.Client(server)`), protocol 2026-07-28 and 2025-11-25,
+   against the bare low-level server calling the same handler (the sides of `bench_gate.py`).
+   A child process sets up, makes N calls in batches of 200 (the gated side flushes the audit log
+   after each, so its group commit is charged to it, as often as it comes natively: the 50 ms
+   background flush is held off, since under valgrind it would write every other call), then stops
+   itself with SIGTERM, before any teardown. It runs twice, with N1 and N2 calls:
+   per call = (count(N2) - count(N1)) / (N2 - N1), so everything before the first call cancels out.
+2. stdio cold start: spawn `mcp-knecht serve` / `scripts/bare_server.py` under valgrind, write the
+   requests of `bench_gate.py` (modern `tools/list`; legacy `initialize` + `tools/list`), and send
+   SIGTERM the moment the awaited response arrives: the count is spawn → first answer.
+3. A decision (`--decisions`, SQLite): one approver process (`tests.approver_worker`, as
+   `bench_approvals.py` races them) approves N1, then N2 fresh proposals of a write tool, each
+   claimed, executed and finished: per decision = the difference over N2 - N1, start-up and
+   teardown cancelled out. Then an approver comes late to the N2 and N1 decided ones: per late
+   attempt (what each of the 7 losers of a race costs at the least). No baseline of its own: the
+   count is the budget (two cores at today's instructions per second bound decisions per second).
+
+    python scripts/bench_instructions.py                    # ~6 minutes on 2 cores
+    python scripts/bench_instructions.py --skip calls --compare /tmp/before   # an earlier checkout too
+    python scripts/bench_instructions.py --calls 200 1000 --repeat 2 --json
+    python scripts/bench_instructions.py --skip calls --skip starts --decisions 50 250
+
+PYTHONHASHSEED is fixed, so dict and set layouts (and the work they cost) repeat from run to run.
+Needs `valgrind` on PATH. Exit status 0 even when a target is missed; 1 when something did not work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_gate import (  # noqa: E402
+    BATCH,
+    LEGACY_REQUESTS,
+    MODERN_REQUESTS,
+    TARGET_CALL_RATIO,
+    TARGET_START_RATIO,
+    TOOL,
+    StartFailed,
+    bench_env,
+    child_env,
+    fill_database,
+    mint,
+    progress,
+    server_commands,
+    spawn_once,
+)
+
+VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+START_TIMEOUT = 600.0
+MODES = {"auto": "2026-07-28", "legacy": "2025-11-25"}
+
+
+def counted(stderr: str, what: str) -> int:
+    found = REFS.findall(stderr)
+    if not found:
+        raise StartFailed(f"{what}: valgrind reported no instruction count:\n{stderr[-2000:]}")
+    return int(found[-1].replace(",", ""))
+
+
+# --- 1. per call, in memory ---------------------------------------------------------------------
+
+
+async def _child_calls(side: str, mode: str, calls: int) -> None:
+    """Set up one side, make `calls` calls, stop with SIGTERM (run under valgrind by `calls_counted`)."""
+    from bench_gate import build_bare_server, default_arguments
+    from mcp import Client
+
+    from mcp_knecht.app import open_app
+    from mcp_knecht.core.settings import load_settings
+    from mcp_knecht.core.tools import ToolContext
+    from mcp_knecht.transports.mcp_server import build_mcp_server
+
+    env = json.loads(os.environ["BENCH_ENV"])
+    _, actor = mint(env, "bench", "readonly")
+    async with open_app(load_settings(env=env), watch_policy=False) as app:
+        # Under valgrind a call takes ~50x as long, so the audit log's 50 ms background flush would write
+        # every other call where natively it writes every ~170: the explicit flush after each batch of
+        # 200 stands in for it, as often as it comes natively.
+        app.audit._interval = 3600.0
+        arguments = await default_arguments(app)
+        tool = app.registry.get(TOOL)
+        assert tool is not None
+        if side == "gated":
+            server = build_mcp_server(app.gate, lambda ctx: actor)
+        else:
+            server = build_bare_server(tool, tool.input_model.model_validate(arguments),
+                                       ToolContext(actor=actor, source="mcp"))
+        async with Client(server, mode=mode) as client:
+            first = await client.call_tool(TOOL, arguments)  # the first call's one-off work is set-up
+            if first.is_error:
+                raise SystemExit(f"bench: {side} answered with an error: {first.content}")
+            if side == "gated":
+                await app.audit.flush()
+            errors = 0
+            for start in range(0, calls, BATCH):
+                for _ in range(min(BATCH, calls - start)):
+                    errors += bool((await client.call_tool(TOOL, arguments)).is_error)
+                if side == "gated":
+                    await app.audit.flush()
+            if errors:
+                raise SystemExit(f"bench: {errors} of {calls} {side} calls returned an error")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGTERM)  # counted up to here: no teardown
+
+
+def calls_counted(side: str, mode: str, calls: int, env: dict[str, str]) -> int:
+    command = [*VALGRIND, sys.executable, __file__, "--child", side, mode, str(calls)]
+    environment = {**os.environ, "BENCH_ENV": json.dumps(env), "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=3600)
+    if done.returncode != -signal.SIGTERM and "signal 15" not in done.stderr:
+        raise StartFailed(f"{side} {mode} {calls} calls: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return counted(done.stderr, f"{side} {mode}")
+
+
+def phase_calls(args: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
+    low, high = args.calls
+    rows = []
+    for mode, protocol in MODES.items():
+        per_call: dict[str, list[float]] = {"gated": [], "bare": []}
+        for repeat in range(args.repeat):
+            for side in ("gated", "bare") if repeat % 2 == 0 else ("bare", "gated"):
+                progress(f"{mode}: {side}, {low} and {high} calls under valgrind (run {repeat + 1}/{args.repeat})")
+                few, many = calls_counted(side, mode, low, env), calls_counted(side, mode, high, env)
+                per_call[side].append((many - few) / (high - low))
+        gated, bare = statistics.median(per_call["gated"]), statistics.median(per_call["bare"])
+        rows.append({
+            "mode": mode, "protocol": protocol, "calls": [low, high],
+            "gated_instructions_per_call": round(gated), "bare_instructions_per_call": round(bare),
+            "gated_runs": [round(x) for x in per_call["gated"]], "bare_runs": [round(x) for x in per_call["bare"]],
+            "ratio": round(gated / bare, 3), "target": TARGET_CALL_RATIO,
+            "meets_target": gated / bare <= TARGET_CALL_RATIO,
+        })
+    return rows
+
+
+# --- 2. stdio cold start --------------------------------------------------------------------------
+
+
+def start_counted(command: list[str], environment: dict[str, str], requests: bytes, want: int,
+                  stderr_path: Path) -> int:
+    """Instructions from spawn to the response with id `want`: SIGTERM as soon as it is read."""
+    spawn_once([*VALGRIND, *command], {**environment, "PYTHONHASHSEED": "0"}, requests, want, stderr_path,
+               timeout=START_TIMEOUT, on_answer=lambda process: process.send_signal(signal.SIGTERM))
+    return counted(stderr_path.read_text(errors="replace"), " ".join(command))
+
+
+def phase_starts(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> list[dict[str, Any]]:
+    token, _ = mint(env, "bench", "readonly")
+    environment = child_env(env, token)
+    commands = server_commands(tmp)
+    commands = {"gated": [sys.executable, *commands["gated"]], "bare": commands["bare"]}
+    environments = {name: environment for name in commands}
+    if args.compare:
+        commands["compare"] = commands["gated"]
+        environments["compare"] = {**environment, "PYTHONPATH": str(Path(args.compare).resolve())}
+    for name, command in commands.items():  # .pyc files written, page cache warm: not counted
+        spawn_once(command, environments[name], MODERN_REQUESTS, 1, tmp / f"{name}.stderr")
+    measures = {"modern_tools_list": (MODERN_REQUESTS, 1), "legacy_tools_list": (LEGACY_REQUESTS, 2)}
+    counts: dict[tuple[str, str], list[int]] = {}
+    for repeat in range(args.repeat):
+        for name, command in commands.items() if repeat % 2 == 0 else reversed(commands.items()):
+            for measure, (requests, want) in measures.items():
+                progress(f"cold start under valgrind: {name}, {measure} (run {repeat + 1}/{args.repeat})")
+                counts.setdefault((name, measure), []).append(
+                    start_counted(command, environments[name], requests, want, tmp / f"{name}.vg"))
+    rows = []
+    for measure in measures:
+        gated, bare = (statistics.median(counts[(name, measure)]) for name in ("gated", "bare"))
+        row: dict[str, Any] = {
+            "measure": measure, "gated_instructions": round(gated), "bare_instructions": round(bare),
+            "gated_runs": counts[("gated", measure)], "bare_runs": counts[("bare", measure)],
+            "ratio": round(gated / bare, 3), "target": TARGET_START_RATIO,
+            "meets_target": gated / bare <= TARGET_START_RATIO,
+        }
+        if args.compare:
+            compared = statistics.median(counts[("compare", measure)])
+            row.update(compare_instructions=round(compared), compare_ratio=round(compared / bare, 3))
+        rows.append(row)
+    return rows
+
+
+# --- 3. a decision ---------------------------------------------------------------------------------
+
+
+def approver_counted(env: dict[str, str], first: int, last: int) -> tuple[int, dict[str, Any]]:
+    command = [*VALGRIND, sys.executable, "-m", "tests.approver_worker", "bench-operator", str(first), str(last)]
+    done = subprocess.run(command, env={**env, "PYTHONHASHSEED": "0"}, cwd=REPO, capture_output=True, text=True,
+                          timeout=3600)
+    if done.returncode != 0:
+        raise StartFailed(f"approver {first}..{last}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return counted(done.stderr, "approver"), json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def phase_decisions(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import anyio
+    from bench_approvals import _env, _stage
+
+    low, high = args.decisions
+    folder = tmp / "decisions"
+    folder.mkdir()
+    env = _env(f"sqlite:///{folder / 'decisions.db'}", str(folder))
+    progress(f"decisions: staging {low} + {high} proposals")
+    few, many = anyio.run(_stage, env, low, "few"), anyio.run(_stage, env, high, "many")
+    counts: dict[str, int] = {}
+    for name, (first, last), expected in (("won_few", few, "won"), ("won_many", many, "won"),
+                                          ("late_many", many, "lost"), ("late_few", few, "lost")):
+        progress(f"decisions under valgrind: {name.replace('_', ', ')} ({last - first + 1} proposals)")
+        counts[name], report = approver_counted(env, first, last)
+        if report[expected] != last - first + 1:
+            raise StartFailed(f"approver {name}: expected {last - first + 1} {expected}, got {report}")
+    per_decision = (counts["won_many"] - counts["won_few"]) / (high - low)
+    per_late = (counts["late_many"] - counts["late_few"]) / (high - low)
+    return {"proposals": [low, high], "instructions_per_decision": round(per_decision),
+            "instructions_per_late_attempt": round(per_late),
+            "instructions_per_decision_of_8_racing": round(per_decision + 7 * per_late)}
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def _millions(n: float) -> str:
+    return f"{n / 1e6:,.1f} M"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    mark = {True: "meets", False: "MISSES"}
+    print(f"instructions counted by valgrind (cachegrind, user space), python {report['python']}")
+    if "calls" in report:
+        print("\n1. per tools/call in memory  (instructions per call; each run's in brackets, gated | bare)")
+        for row in report["calls"]:
+            runs = " | ".join(", ".join(f"{x:,}" for x in row[f"{side}_runs"]) for side in ("gated", "bare"))
+            print(f"  {row['protocol']}  gated {row['gated_instructions_per_call']:>9,}  "
+                  f"bare {row['bare_instructions_per_call']:>9,}  ratio {row['ratio']:.3f}x  "
+                  f"({mark[row['meets_target']]} ≤ {row['target']}x)  [{runs}]")
+    if "starts" in report:
+        print("\n2. stdio cold start, spawn → response  (instructions)")
+        for row in report["starts"]:
+            line = (f"  {row['measure']:<18} gated {_millions(row['gated_instructions']):>10}  "
+                    f"bare {_millions(row['bare_instructions']):>10}  ratio {row['ratio']:.3f}x  "
+                    f"({mark[row['meets_target']]} ≤ {row['target']}x)")
+            if "compare_instructions" in row:
+                line += f"  compare {_millions(row['compare_instructions'])} ({row['compare_ratio']:.3f}x)"
+            print(line)
+    if "decisions" in report:
+        d = report["decisions"]
+        print("\n3. a decision, SQLite, one approver process  (instructions)")
+        print(f"  decided and executed {d['instructions_per_decision']:>11,}   late attempt (already decided) "
+              f"{d['instructions_per_late_attempt']:>9,}   8 racing: {d['instructions_per_decision_of_8_racing']:,} "
+              "per decision at the least")
+    print(f"\n{report['seconds']} s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, nargs=2, metavar=("N1", "N2"), default=[200, 800],
+                        help="the two call counts whose difference gives the per-call figure")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per side and measure (the median is shown)")
+    parser.add_argument("--skip", choices=("calls", "starts"), action="append", default=[],
+                        help="leave out a phase (repeatable)")
+    parser.add_argument("--compare", metavar="CHECKOUT", help="also count another checkout's cold start")
+    parser.add_argument("--decisions", type=int, nargs=2, metavar=("N1", "N2"),
+                        help="also count a decision: one approver over N1, then N2 proposals (say 50 250)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--child", nargs=3, metavar=("SIDE", "MODE", "CALLS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for option in ("calls", "decisions"):
+        pair = getattr(args, option)
+        if pair is not None and not 0 < pair[0] < pair[1]:
+            parser.error(f"--{option} N1 N2 needs 0 < N1 < N2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import secrets
+
+    import anyio
+
+    args = parse_args(argv)
+    if args.child:
+        side, mode, calls = args.child
+        anyio.run(_child_calls, side, mode, int(calls))
+        return 0
+    if shutil.which("valgrind") is None:
+        raise SystemExit("bench: valgrind is not installed (Debian: apt-get install valgrind)")
+    started = time.perf_counter()
+    report: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="knecht-bench-") as folder:
+        tmp = Path(folder)
+        env = bench_env(tmp, secrets.token_urlsafe(48))
+        progress(f"demo data into {env['KNECHT_DATABASE_URL']}")
+        anyio.run(fill_database, env["KNECHT_DATABASE_URL"])
+        try:
+            if "calls" not in args.skip:
+                report["calls"] = phase_calls(args, env)
+            if "starts" not in args.skip:
+                report["starts"] = phase_starts(args, env, tmp)
+            if args.decisions:
+                report["decisions"] = phase_decisions(args, tmp)
+        except StartFailed as exc:
+            progress(f"failed: {exc}")
+            failed = True
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        print_report(report)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
