@@ -53,6 +53,7 @@ SERVER_INSTRUCTIONS = (
 
 @dataclass(frozen=True)
 class App:
+    """The assembled server: store, audit log, registry, policy, gate and services."""
     settings: Settings
     db: Database
     audit: AuditLog

@@ -27,6 +27,7 @@ PENDING_TEXT = "Knecht is looking into why the last run failed."
 
 @dataclass(frozen=True)
 class StoredDiagnosis:
+    """A failure diagnosis as stored for a run."""
     run_id: int
     status: str
     summary: str | None

@@ -74,6 +74,7 @@ class ProviderAccess:
 
 @dataclass(frozen=True)
 class AiSettings:
+    """The `[ai]` configuration: which models run the AI features, and their limits."""
     default: ModelSpec | None = None
     fast: ModelSpec | None = None
     auto_diagnose: bool = True

@@ -8,6 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Actor:
+    """Who calls: a verified token's subject, its client and the scopes it grants."""
     subject: str
     client: str
     scopes: frozenset[str]

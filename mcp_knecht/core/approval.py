@@ -70,6 +70,7 @@ SETTLE_AFTER = timedelta(minutes=5)
 
 @dataclass(frozen=True)
 class Operator:
+    """Who decides: a verified token subject or a local name, as `decided_by` records it (`recorded_as`)."""
     name: str
     client: str = "knecht-approve"
     verified: bool = False

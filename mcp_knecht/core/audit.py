@@ -16,6 +16,7 @@ Outcome = Literal[
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
+    """One row of the audit log: who did what, through which tool, and how it ended."""
     source: str
     subject: str
     client: str

@@ -67,6 +67,7 @@ MAX_ERROR_CHARS = 2_000
 
 @dataclass(frozen=True, slots=True)
 class GateResult:
+    """What the gate answers for a call: its outcome, text and structured data."""
     outcome: Outcome
     text: str
     data: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ Purpose = str
 
 @dataclass(frozen=True)
 class ServerKeys:
+    """The server key, and the key it derives for each purpose (`seal`, `approval`, `arguments`, `audit`)."""
     secret: bytes = field(repr=False)
     _derived: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 

@@ -30,6 +30,7 @@ BUILT_IN: Mapping[Effect, Mode] = {"read": "auto", "write": "approve"}
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What the policy decided for one call (`auto`, `approve` or `deny`), and why."""
     mode: Mode
     rule: str
     """Where the decision came from, e.g. `policies.toml rule 2: rerun_run where branch = "main"`,
@@ -145,6 +146,7 @@ class _Entry:
 
 @dataclass(frozen=True)
 class Policy:
+    """The loaded `policies.toml`: a mode per `Tool` or `Tool.Action`, a default and the rules."""
     rules: Mapping[str, Mode] = field(default_factory=dict)
     """The `[tools]` table: keys are `Tool` or `Tool.Action`."""
     default: Mode | None = None

@@ -201,6 +201,7 @@ def load_policy(path: Path, registry: Registry) -> Policy:
 
 @dataclass(frozen=True)
 class _Stamp:
+    """A file's modification time and size: what the policy watcher compares."""
     mtime_ns: int
     size: int
 

@@ -100,6 +100,7 @@ def _value_covers(wide: Scalar, narrow: Scalar) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CallerGlob:
+    """A glob over callers (`subject` or `client`) in a rule's `when`, compiled once."""
     pattern: str
     _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
@@ -115,6 +116,7 @@ class CallerGlob:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
+    """One `[[rules]]` entry of `policies.toml`: for which calls it decides, and what."""
     number: int
     """Its position among the file's `[[rules]]`, counted from 1."""
     tool: str

@@ -89,6 +89,7 @@ def _conditional(tool: Tool, cases: dict[str | None, list[Case]]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RuleWarning:
+    """A rule that can never decide anything, and why."""
     rule: Rule
     message: str
     shadowed: bool = True

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PromptArgument:
+    """One argument an MCP prompt takes."""
     name: str
     description: str
     required: bool = True
@@ -15,6 +16,7 @@ class PromptArgument:
 
 @dataclass(frozen=True)
 class Prompt:
+    """An MCP prompt a toolset offers, shown to actors holding its scope."""
     name: str
     description: str
     scope: str

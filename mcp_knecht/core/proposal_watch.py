@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StatusChange:
+    """A proposal whose status changed, as told to its proposer's subscriptions."""
     proposal_id: int
     status: str
     subject: str

@@ -93,6 +93,7 @@ class Approval:
 
 @dataclass(frozen=True)
 class Proposal:
+    """A staged call as stored: its frozen arguments, proposer, seal, status and approvals."""
     id: int
     tool: str
     action: str | None
@@ -214,6 +215,7 @@ class Proposal:
 
 @dataclass(frozen=True)
 class NewProposal:
+    """A call the gate stages: what the store writes as a new pending proposal."""
     tool: str
     action: str | None
     arguments_json: str

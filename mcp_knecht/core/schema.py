@@ -18,6 +18,7 @@ _NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 @dataclass(frozen=True)
 class Migration:
+    """One numbered SQL file of a namespace's schema, applied once, in order."""
     namespace: str
     version: int
     name: str
@@ -30,6 +31,7 @@ class Migration:
 
 @dataclass(frozen=True)
 class Migrations:
+    """Where a namespace keeps its migration files, one folder per SQL dialect."""
     namespace: str
     package: str
     """An importable package whose folder `folder/<dialect>/` holds `NNNN_name.sql` files."""

@@ -16,6 +16,7 @@ PROFILES_FILE = "profiles.toml"
 
 @dataclass(frozen=True)
 class Profile:
+    """A named set of scopes tokens are minted from (`--profile`)."""
     name: str
     description: str
     scopes: tuple[str, ...]
@@ -23,6 +24,7 @@ class Profile:
 
 @dataclass(frozen=True)
 class ScopeCatalogue:
+    """Every scope with its description, and the profiles built from them."""
     scopes: Mapping[str, str]
     profiles: Mapping[str, Profile]
 

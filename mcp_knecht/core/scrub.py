@@ -377,6 +377,7 @@ VersionProbe = Callable[[], Awaitable[object]]
 
 @dataclass
 class _Source:
+    """One source of secret literals: the values it gave, and how to tell when they change."""
     values: frozenset[str] = frozenset()
     load: LiteralLoader | None = None
     version: VersionProbe | None = None

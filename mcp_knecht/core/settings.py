@@ -47,6 +47,7 @@ _INSTALLATION = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class Variable:
+    """One `KNECHT_*` environment variable: the setting it fills, its help text and its default."""
     name: str
     field: str
     """The attribute of `Settings` that holds its value."""
@@ -248,6 +249,7 @@ BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIA
 
 @dataclass(frozen=True)
 class Settings:
+    """Everything a process reads from its environment, resolved once at start (`load_settings`)."""
     data_dir: Path
     config_dir: Path
     database_url: str

@@ -121,6 +121,7 @@ class Fact:
 
 @dataclass(frozen=True, kw_only=True)
 class Tool:
+    """A tool as the gate serves it: its name, scope, input model, handler and effects."""
     name: str
     description: str
     scope: str

@@ -132,6 +132,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class Toolset:
+    """What a toolset plugs into the registry: its tools, prompts and instructions."""
     name: str
     tools: Sequence[Tool] = ()
     prompts: Sequence[Prompt] = ()

@@ -66,6 +66,7 @@ _SECRET_QUERY = re.compile(r"^(?:pass(?:word)?|pwd|secret|\w*token|api_?key|key|
 
 @dataclass(frozen=True)
 class NotifyEnvironment:
+    """What `[notify]` may take from the environment: the webhook's URL and secret, `${NAME}` values."""
     webhook_url: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
     values: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -84,6 +85,7 @@ def notify_environment(settings: Settings) -> NotifyEnvironment:
 
 @dataclass(frozen=True)
 class Delivery:
+    """How deliveries are attempted: timeout, retries with backoff, and how long rows are kept."""
     timeout: float = 10.0
     max_attempts: int = 10
     backoff: float = 10.0
@@ -98,6 +100,7 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Channel:
+    """A named destination of messages (a chat or webhook URL)."""
     name: str
     url: str = field(repr=False)
     """With the variables filled in: secret. Never stored, logged or shown."""
@@ -106,12 +109,14 @@ class Channel:
 
 @dataclass(frozen=True)
 class Webhook:
+    """The signed webhook every event goes to, when configured."""
     url: str = field(repr=False)
     secret: str = field(repr=False)
 
 
 @dataclass(frozen=True)
 class Route:
+    """Where one event goes, and the setting that sent it there."""
     destinations: tuple[str, ...]
     because: str
     """Which setting chose them, e.g. `notify.tools.rerun_run` (decisions are data)."""
@@ -119,6 +124,7 @@ class Route:
 
 @dataclass(frozen=True)
 class Routes:
+    """Which channels hear of what: pending proposals (per tool or rule, else `pending`), the rest `proposer`."""
     pending: tuple[str, ...] = ()
     proposer: tuple[str, ...] = ()
     tools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -140,6 +146,7 @@ class Routes:
 
 @dataclass(frozen=True)
 class NotifyConfig:
+    """The checked `[notify]` configuration: channels, routes and delivery settings."""
     channels: Mapping[str, Channel] = field(default_factory=dict)
     routes: Routes = field(default_factory=Routes)
     delivery: Delivery = field(default_factory=Delivery)

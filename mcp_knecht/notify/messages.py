@@ -19,6 +19,7 @@ TEST_EVENT = "notify.test"
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """An event rendered for people: a title and a body, with the event's stable id."""
     uid: str
     """The event's stable id: the webhook's `webhook-id`, the same on every retry (receivers dedupe on it)."""
     event: str

@@ -114,6 +114,7 @@ async def route(db: Database, router: Router, *, limit: int = ROUTE_BATCH) -> in
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
+    """A delivery this worker leased, to attempt now."""
     id: int
     destination: str
     attempts: int
@@ -168,6 +169,7 @@ async def take(db: Database, router: Router, worker: str, *, lease: float, limit
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """How one delivery attempt ended: delivered, retried later, or given up."""
     delivery_id: int
     error: str | None = None
     """None: delivered."""
@@ -213,6 +215,7 @@ async def release(db: Database, worker: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Due:
+    """Whether the outbox has work now, and else when it next will."""
     now: bool
     """Something is unrouted, or a delivery is due (new, retry, or a lease that ran out)."""
     next_at: str | None
@@ -243,6 +246,7 @@ async def purge(db: Database, *, older_than: float) -> int:
 
 @dataclass(frozen=True)
 class OutboxStatus:
+    """The outbox at a glance, for `mcp-knecht notify status`."""
     unrouted: int
     counts: list[Row]
     """`destination, status, n` for every pair that has rows."""

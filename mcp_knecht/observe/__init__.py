@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Telemetry:
+    """Metrics and tracing as configured, and the observers that feed them."""
     metrics: Metrics | None = None
     tracing: Tracing | None = None
     observers: list[Observer] = field(default_factory=list)

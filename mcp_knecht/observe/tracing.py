@@ -50,6 +50,7 @@ def exporters_configured(env: Mapping[str, str]) -> tuple[str, ...]:
 
 @dataclass
 class Tracing:
+    """The OpenTelemetry tracer gate outcomes become spans of."""
     tracer: Tracer
     shutdown: Callable[[], None]
     tools: frozenset[str] = frozenset()

@@ -75,6 +75,7 @@ def _row_fields(entry: AuditEntry, row_id: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Anchor:
+    """A signed checkpoint of the audit chain: its length and head when it was taken."""
     row_count: int
     head_id: int
     head_hash: str
@@ -87,6 +88,7 @@ class Anchor:
 
 @dataclass(frozen=True)
 class ChainProblem:
+    """A row of the audit log whose link does not hold, and what is wrong with it."""
     id: int
     problem: str
 
