@@ -9,10 +9,10 @@ wall-clock figures, it does not replace them.
 
 1. Per gated `tools/call` in memory (`mcp.Client(server)`), protocol 2026-07-28 and 2025-11-25,
    against the bare low-level server calling the same handler (the sides of `bench_gate.py`).
-   A child process sets up, makes N calls in batches of 200 (the gated side flushes the audit log
-   after each, so its group commit is charged to it, as often as it comes natively: the 50 ms
-   background flush is held off, since under valgrind it would write every other call), then stops
-   itself with SIGTERM, before any teardown. It runs twice, with N1 and N2 calls:
+   A child process sets up (the policy file unwatched), makes N calls in batches of 200 (the gated
+   side flushes the audit log after each, so its group commit is charged to it, as often as it comes
+   natively: the 50 ms background flush is held off, since under valgrind it would write every other
+   call), then stops itself with SIGTERM, before any teardown. It runs twice, with N1 and N2 calls:
    per call = (count(N2) - count(N1)) / (N2 - N1), so everything before the first call cancels out.
 2. stdio cold start: spawn `mcp-knecht serve` / `scripts/bare_server.py` under valgrind, write the
    requests of `bench_gate.py` (modern `tools/list`; legacy `initialize` + `tools/list`), and send
@@ -24,7 +24,7 @@ wall-clock figures, it does not replace them.
    attempt (what each of the 7 losers of a race costs at the least). No baseline of its own: the
    count is the budget (two cores at today's instructions per second bound decisions per second).
 
-    python scripts/bench_instructions.py                    # ~6 minutes on 2 cores
+    python scripts/bench_instructions.py                    # ~7 minutes on 2 cores
     python scripts/bench_instructions.py --skip calls --compare /tmp/before   # an earlier checkout too
     python scripts/bench_instructions.py --calls 200 1000 --repeat 2 --json
     python scripts/bench_instructions.py --skip calls --skip starts --decisions 50 250
@@ -56,7 +56,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_gate import (  # noqa: E402
     BATCH,
     LEGACY_REQUESTS,
+    LEGACY_VERSION,
     MODERN_REQUESTS,
+    MODERN_VERSION,
     TARGET_CALL_RATIO,
     TARGET_START_RATIO,
     TOOL,
@@ -73,7 +75,7 @@ from bench_gate import (  # noqa: E402
 VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
 REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 START_TIMEOUT = 600.0
-MODES = {"auto": "2026-07-28", "legacy": "2025-11-25"}
+MODES = {"auto": MODERN_VERSION, "legacy": LEGACY_VERSION}
 
 
 def counted(stderr: str, what: str) -> int:
@@ -279,7 +281,8 @@ def print_report(report: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, nargs=2, metavar=("N1", "N2"), default=[200, 800],
-                        help="the two call counts whose difference gives the per-call figure")
+                        help="the two call counts whose difference gives the per-call figure (some hundreds apart: "
+                             "with 5 and 15, one-off work swings the ratio from 0.9x to 1.1x)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per side and measure (the median is shown)")
     parser.add_argument("--skip", choices=("calls", "starts"), action="append", default=[],
                         help="leave out a phase (repeatable)")
