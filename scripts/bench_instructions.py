@@ -28,6 +28,11 @@ wall-clock figures, it does not replace them.
     python scripts/bench_instructions.py --skip calls --compare /tmp/before   # an earlier checkout too
     python scripts/bench_instructions.py --calls 200 1000 --repeat 2 --json
     python scripts/bench_instructions.py --skip calls --skip starts --decisions 50 250
+    python scripts/bench_instructions.py --skip calls --skip starts --stop-at mcp_knecht.notify sqlite3.connect
+
+`--stop-at NAME …` attributes the cold start: `mcp-knecht serve` counted up to the first import of
+module NAME, or the first audit event NAME (`sqlite3.connect`: the store opens), each in a run of
+its own; the difference between two stops is what lies between them.
 
 PYTHONHASHSEED is fixed, so dict and set layouts (and the work they cost) repeat from run to run.
 Needs `valgrind` on PATH. Exit status 0 even when a target is missed; 1 when something did not work.
@@ -207,6 +212,34 @@ def phase_starts(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> li
     return rows
 
 
+# --- where a start goes: counted up to a point -----------------------------------------------------
+
+_STOPPER = """
+import os, runpy, signal, sys
+point = sys.argv.pop(1)
+def stop(event, args):
+    if event == point or (event == "import" and args[0] == point):
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.addaudithook(stop)
+sys.argv = ["mcp-knecht", "serve"]
+runpy.run_module("mcp_knecht.cli.main", run_name="__main__")
+"""
+
+
+def phase_stops(points: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
+    token, _ = mint(env, "bench", "readonly")
+    environment = {**child_env(env, token), "PYTHONHASHSEED": "0"}
+    rows = []
+    for point in points:
+        progress(f"cold start under valgrind, up to {point}")
+        done = subprocess.run([*VALGRIND, sys.executable, "-c", _STOPPER, point], env=environment, input=b"",
+                              capture_output=True, timeout=3600)
+        stderr = done.stderr.decode(errors="replace")
+        reached = "signal 15" in stderr
+        rows.append({"point": point, "reached": reached, "instructions": counted(stderr, point)})
+    return rows
+
+
 # --- 3. a decision ---------------------------------------------------------------------------------
 
 
@@ -269,6 +302,11 @@ def print_report(report: dict[str, Any]) -> None:
             if "compare_instructions" in row:
                 line += f"  compare {_millions(row['compare_instructions'])} ({row['compare_ratio']:.3f}x)"
             print(line)
+    if "stops" in report:
+        print("\nwhere the start goes: mcp-knecht serve counted up to  (instructions)")
+        for row in report["stops"]:
+            reached = "" if row["reached"] else "  (never reached: the whole run, stdin closed)"
+            print(f"  {row['point']:<40} {_millions(row['instructions']):>10}{reached}")
     if "decisions" in report:
         d = report["decisions"]
         print("\n3. a decision, SQLite, one approver process  (instructions)")
@@ -287,6 +325,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip", choices=("calls", "starts"), action="append", default=[],
                         help="leave out a phase (repeatable)")
     parser.add_argument("--compare", metavar="CHECKOUT", help="also count another checkout's cold start")
+    parser.add_argument("--stop-at", nargs="+", metavar="NAME", default=[],
+                        help="also count the gated start up to the first import of module NAME or audit event NAME")
     parser.add_argument("--decisions", type=int, nargs=2, metavar=("N1", "N2"),
                         help="also count a decision: one approver over N1, then N2 proposals (say 50 250)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
@@ -324,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 report["calls"] = phase_calls(args, env)
             if "starts" not in args.skip:
                 report["starts"] = phase_starts(args, env, tmp)
+            if args.stop_at:
+                report["stops"] = phase_stops(args.stop_at, env)
             if args.decisions:
                 report["decisions"] = phase_decisions(args, tmp)
         except StartFailed as exc:
