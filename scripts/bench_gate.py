@@ -718,10 +718,15 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"class report failed: {exc}")
                 failed = True
         report["seconds"] = round(time.perf_counter() - started, 1)
-    if args.json:
+    return show(report, print_report, as_json=args.json, failed=failed)
+
+
+def show(report: dict[str, Any], table: Callable[[dict[str, Any]], None], *, as_json: bool, failed: bool) -> int:
+    """Print `report` as one JSON document or as `table` prints it; the exit status (1: something failed)."""
+    if as_json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
     else:
-        print_report(report)
+        table(report)
     return 1 if failed else 0
 
 

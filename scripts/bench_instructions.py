@@ -74,6 +74,7 @@ from bench_gate import (  # noqa: E402
     mint,
     progress,
     server_commands,
+    show,
     spawn_once,
 )
 
@@ -236,6 +237,8 @@ def phase_stops(points: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
                               capture_output=True, timeout=3600)
         stderr = done.stderr.decode(errors="replace")
         reached = "signal 15" in stderr
+        if not reached and done.returncode != 0:  # a start that failed is no figure
+            raise StartFailed(f"mcp-knecht serve, counted up to {point}: exit {done.returncode}\n{stderr[-3000:]}")
         rows.append({"point": point, "reached": reached, "instructions": counted(stderr, point)})
     return rows
 
@@ -372,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"failed: {exc}")
             failed = True
     report["seconds"] = round(time.perf_counter() - started, 1)
-    if args.json:
-        print(json.dumps(report, indent=2, ensure_ascii=False))
-    else:
-        print_report(report)
-    return 1 if failed else 0
+    return show(report, print_report, as_json=args.json, failed=failed)
 
 
 if __name__ == "__main__":
