@@ -112,6 +112,21 @@ async def test_the_diagnosis_through_each_provider(case: Case, demo_env: dict[st
     assert record["model"] == f"{case.provider}:{case.model}"
 
 
+async def test_a_model_its_provider_deprecated_still_answers_and_the_log_says_once_what_to_change(
+    demo_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    deprecated = Case("openai", "gpt-5-mini", "/v1/chat/completions", ("authorization", "Bearer sk-test"))
+    answers = [Turn.answer(summary="Out of memory.", actionIds=[])] * 2
+    with FakeProvider(answers) as fake, caplog.at_level("WARNING", logger="mcp_knecht.ai.models"):
+        async with server(demo_env, **deprecated.env(fake.url, KEY)) as app:
+            first = await app.ai.diagnoses.request(SECRET_RUN, WORKER_ACTOR, again=True)
+            second = await app.ai.diagnoses.request(SECRET_RUN, WORKER_ACTOR, again=True)
+    assert first["status"] == second["status"] == "done"
+    [notice] = [r.getMessage() for r in caplog.records if r.name == "mcp_knecht.ai.models"]
+    assert notice.startswith("KNECHT_MODEL_FAST names openai:gpt-5-mini, which its provider has deprecated")
+    assert "change KNECHT_MODEL_FAST to another model" in notice and "https://" in notice
+
+
 async def test_cost_is_recorded_where_prices_are_known(demo_env: dict[str, str]) -> None:
     with FakeProvider([Turn.answer(summary="Out of memory.", actionIds=[])]) as fake:
         async with server(demo_env, **CASES[0].env(fake.url, KEY)) as app:

@@ -16,6 +16,7 @@ runs, so a server without any model starts as before. The provider SDKs are impo
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ from mcp_knecht.ai.settings import (
 
 if TYPE_CHECKING:
     from pydantic_ai.models import Model
+
+log = logging.getLogger(__name__)
 
 MAX_OUTPUT_TOKENS = 4096
 """Answers of features are short; a bound also keeps SDKs from streaming behind the scenes."""
@@ -58,6 +61,23 @@ def unavailable_message(role: Role) -> str:
         f"(and optionally {MODEL_FAST_ENV}) to provider:model, e.g. anthropic:claude-haiku-4-5, "
         "or [models] in knecht.toml."
     )
+
+
+def deprecation_notice(spec: ModelSpec, model: Model) -> str | None:
+    """What to tell the operator when the provider has deprecated the model `spec` names, else None.
+
+    pydantic-ai knows the providers' deprecations (its model profiles) and warns on each request;
+    this says it once, in the server log, with the setting to change."""
+    deprecation = model.profile.get("deprecation")
+    if deprecation is None:
+        return None
+    when = f"retires on {deprecation.retirement_date}" if deprecation.retirement_date else "is retiring"
+    if deprecation.rerouted_to:
+        when += f", then its requests go to {deprecation.rerouted_to!r}"
+    instead = f"; it recommends {deprecation.replacement!r} instead" if deprecation.replacement else ""
+    return (f"{spec.source} names {spec}, which its provider has deprecated: it {when}{instead} "
+            f"({deprecation.source_url}). Requests go to it until the provider stops them; "
+            f"change {spec.source} to another model before then.")
 
 
 def is_claude(model: str) -> bool:
@@ -89,6 +109,8 @@ class ModelResolver:
             raise FeatureUnavailable(unavailable_message(role))
         if (built := self._built.get(str(spec))) is None:
             built = self._built[str(spec)] = ResolvedModel(spec, self._build(spec), self._settings.timeout)
+            if notice := deprecation_notice(spec, built.model):
+                log.warning(notice)
         return built
 
     def _key(self, spec: ModelSpec, *, required: bool = True) -> str | None:
