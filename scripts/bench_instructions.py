@@ -23,11 +23,15 @@ wall-clock figures, it does not replace them.
    teardown cancelled out. Then an approver comes late to the N2 and N1 decided ones: per late
    attempt (what each of the 7 losers of a race costs at the least). No baseline of its own: the
    count is the budget (two cores at today's instructions per second bound decisions per second).
+   With `--race K`, K approvers also race over N1, then N2 fresh proposals in lockstep, each under
+   valgrind: all their instructions per decision, and per lost attempt (a loser that waited for the
+   winner's turn, unlike a late one). Under valgrind every process runs ~50x slower, so who waits
+   how often is not quite as natively; the figure is what the race costs in work, not in time.
 
     python scripts/bench_instructions.py                    # ~7 minutes on 2 cores
     python scripts/bench_instructions.py --skip calls --compare /tmp/before   # an earlier checkout too
     python scripts/bench_instructions.py --calls 200 1000 --repeat 2 --json
-    python scripts/bench_instructions.py --skip calls --skip starts --decisions 50 250
+    python scripts/bench_instructions.py --skip calls --skip starts --decisions 50 250 [--race 8]
     python scripts/bench_instructions.py --skip calls --skip starts --stop-at mcp_knecht.notify sqlite3.connect
 
 `--stop-at NAME …` attributes the cold start: `mcp-knecht serve` counted up to the first import of
@@ -246,13 +250,25 @@ def phase_stops(points: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
 # --- 3. a decision ---------------------------------------------------------------------------------
 
 
-def approver_counted(env: dict[str, str], first: int, last: int) -> tuple[int, dict[str, Any]]:
-    command = [*VALGRIND, sys.executable, "-m", "tests.approver_worker", "bench-operator", str(first), str(last)]
-    done = subprocess.run(command, env={**env, "PYTHONHASHSEED": "0"}, cwd=REPO, capture_output=True, text=True,
-                          timeout=3600)
-    if done.returncode != 0:
-        raise StartFailed(f"approver {first}..{last}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    return counted(done.stderr, "approver"), json.loads(done.stdout.strip().splitlines()[-1])
+def approvers_counted(env: dict[str, str], first: int, last: int,
+                      approvers: int = 1) -> tuple[int, list[dict[str, Any]]]:
+    """`approvers` processes at once over the ids `first..last`, each under valgrind: their instructions
+    summed, and their reports."""
+    workers = [subprocess.Popen([*VALGRIND, sys.executable, "-m", "tests.approver_worker", f"bench-operator-{n}",
+                                 str(first), str(last)], env={**env, "PYTHONHASHSEED": "0"}, cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for n in range(approvers)]
+    total, reports, problems = 0, [], []
+    for worker in workers:
+        out, err = worker.communicate(timeout=3600)
+        if worker.returncode != 0:
+            problems.append(f"approver {first}..{last}: exit {worker.returncode}\n{err[-3000:]}")
+            continue
+        total += counted(err, "approver")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    if problems:
+        raise StartFailed("\n".join(problems))
+    return total, reports
 
 
 def phase_decisions(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -269,14 +285,33 @@ def phase_decisions(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     for name, (first, last), expected in (("won_few", few, "won"), ("won_many", many, "won"),
                                           ("late_many", many, "lost"), ("late_few", few, "lost")):
         progress(f"decisions under valgrind: {name.replace('_', ', ')} ({last - first + 1} proposals)")
-        counts[name], report = approver_counted(env, first, last)
+        counts[name], [report] = approvers_counted(env, first, last)
         if report[expected] != last - first + 1:
             raise StartFailed(f"approver {name}: expected {last - first + 1} {expected}, got {report}")
     per_decision = (counts["won_many"] - counts["won_few"]) / (high - low)
     per_late = (counts["late_many"] - counts["late_few"]) / (high - low)
-    return {"proposals": [low, high], "instructions_per_decision": round(per_decision),
-            "instructions_per_late_attempt": round(per_late),
-            "instructions_per_decision_of_8_racing": round(per_decision + 7 * per_late)}
+    result = {"proposals": [low, high], "instructions_per_decision": round(per_decision),
+              "instructions_per_late_attempt": round(per_late),
+              "instructions_per_decision_of_8_racing": round(per_decision + 7 * per_late)}
+    if args.race > 1:
+        result.update(_race_counted(env, args.race, low, high, per_decision))
+    return result
+
+
+def _race_counted(env: dict[str, str], approvers: int, low: int, high: int, per_decision: float) -> dict[str, Any]:
+    import anyio
+    from bench_approvals import _stage
+
+    counts = {}
+    for name, size in (("few", low), ("many", high)):
+        first, last = anyio.run(_stage, env, size, f"race-{name}")
+        progress(f"decisions under valgrind: {approvers} racing over {size} proposals")
+        counts[name], reports = approvers_counted(env, first, last, approvers)
+        if sum(r["won"] for r in reports) != size:
+            raise StartFailed(f"race over {size}: {sum(r['won'] for r in reports)} won, not {size}: {reports}")
+    in_race = (counts["many"] - counts["few"]) / (high - low)
+    return {"racing_approvers": approvers, "instructions_per_decision_in_race": round(in_race),
+            "instructions_per_lost_attempt_in_race": round((in_race - per_decision) / (approvers - 1))}
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -316,6 +351,9 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"  decided and executed {d['instructions_per_decision']:>11,}   late attempt (already decided) "
               f"{d['instructions_per_late_attempt']:>9,}   8 racing: {d['instructions_per_decision_of_8_racing']:,} "
               "per decision at the least")
+        if "racing_approvers" in d:
+            print(f"  {d['racing_approvers']} racing, counted: {d['instructions_per_decision_in_race']:,} "
+                  f"per decision, {d['instructions_per_lost_attempt_in_race']:,} per lost attempt")
     print(f"\n{report['seconds']} s")
 
 
@@ -332,9 +370,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also count the gated start up to the first import of module NAME or audit event NAME")
     parser.add_argument("--decisions", type=int, nargs=2, metavar=("N1", "N2"),
                         help="also count a decision: one approver over N1, then N2 proposals (say 50 250)")
+    parser.add_argument("--race", type=int, default=1, metavar="K",
+                        help="with --decisions: also count K approvers racing over N1, then N2 proposals (say 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--child", nargs=3, metavar=("SIDE", "MODE", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.race > 1 and args.decisions is None:
+        parser.error("--race needs --decisions N1 N2")
     for option in ("calls", "decisions"):
         pair = getattr(args, option)
         if pair is not None and not 0 < pair[0] < pair[1]:
