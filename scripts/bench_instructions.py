@@ -259,13 +259,19 @@ def approvers_counted(env: dict[str, str], first: int, last: int,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for n in range(approvers)]
     total, reports, problems = 0, [], []
-    for worker in workers:
-        out, err = worker.communicate(timeout=3600)
-        if worker.returncode != 0:
-            problems.append(f"approver {first}..{last}: exit {worker.returncode}\n{err[-3000:]}")
-            continue
-        total += counted(err, "approver")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for worker in workers:
+            out, err = worker.communicate(timeout=3600)
+            if worker.returncode != 0:
+                problems.append(f"approver {first}..{last}: exit {worker.returncode}\n{err[-3000:]}")
+                continue
+            total += counted(err, "approver")
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # one that hung (or a Ctrl-C) must not leave the others running under valgrind
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
     if problems:
         raise StartFailed("\n".join(problems))
     return total, reports
