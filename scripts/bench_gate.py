@@ -341,12 +341,15 @@ async def time_steps(app: Any, actor: Any, arguments: dict[str, Any], calls: int
 
 async def phase_in_memory(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     from mcp_knecht.app import open_app
+    from mcp_knecht.cli.startup_heap import collect_later, serving
     from mcp_knecht.core.settings import load_settings
     from mcp_knecht.store.audit_log import verify_chain
 
     _, actor = mint(env, "bench", "readonly")
     results: dict[str, Any] = {"modes": []}
+    collect_later()  # the heap as `mcp-knecht serve` keeps it (both sides share this process)
     async with open_app(load_settings(env=env)) as app:
+        serving()
         arguments = json.loads(args.arguments) if args.arguments else await default_arguments(app)
         results["tool"], results["arguments"] = TOOL, arguments
         gated_calls = 0

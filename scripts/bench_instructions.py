@@ -9,10 +9,12 @@ wall-clock figures, it does not replace them.
 
 1. Per gated `tools/call` in memory (`mcp.Client(server)`), protocol 2026-07-28 and 2025-11-25,
    against the bare low-level server calling the same handler (the sides of `bench_gate.py`).
-   A child process sets up (the policy file unwatched), makes N calls in batches of 200 (the gated
-   side flushes the audit log after each, so its group commit is charged to it, as often as it comes
-   natively: the 50 ms background flush is held off, since under valgrind it would write every other
-   call), then stops itself with SIGTERM, before any teardown. It runs twice, with N1 and N2 calls:
+   A child process sets up (the policy file unwatched) and keeps its heap as `mcp-knecht serve`
+   does (`startup_heap`: what start-up made is frozen, out of every collection's walk; both sides
+   share the process, so both get it), makes N calls in batches of 200 (the gated side flushes
+   the audit log after each, so its group commit is charged to it, as often as it comes natively:
+   the 50 ms background flush is held off, since under valgrind it would write every other call),
+   then stops itself with SIGTERM, before any teardown. It runs twice, with N1 and N2 calls:
    per call = (count(N2) - count(N1)) / (N2 - N1), so everything before the first call cancels out.
 2. stdio cold start: spawn `mcp-knecht serve` / `scripts/bare_server.py` under valgrind, write the
    requests of `bench_gate.py` (modern `tools/list`; legacy `initialize` + `tools/list`), and send
@@ -104,10 +106,12 @@ async def _child_calls(side: str, mode: str, calls: int) -> None:
     from mcp import Client
 
     from mcp_knecht.app import open_app
+    from mcp_knecht.cli.startup_heap import collect_later, serving
     from mcp_knecht.core.settings import load_settings
     from mcp_knecht.core.tools import ToolContext
     from mcp_knecht.transports.mcp_server import build_mcp_server
 
+    collect_later()  # the heap as `mcp-knecht serve` keeps it: no collections during start-up, then frozen
     env = json.loads(os.environ["BENCH_ENV"])
     _, actor = mint(env, "bench", "readonly")
     async with open_app(load_settings(env=env), watch_policy=False) as app:
@@ -125,6 +129,7 @@ async def _child_calls(side: str, mode: str, calls: int) -> None:
                                        ToolContext(actor=actor, source="mcp"))
         async with Client(server, mode=mode) as client:
             first = await client.call_tool(TOOL, arguments)  # the first call's one-off work is set-up
+            serving()  # as the server does once it serves: start-up's objects out of every collection's walk
             if first.is_error:
                 raise SystemExit(f"bench: {side} answered with an error: {first.content}")
             if side == "gated":

@@ -214,6 +214,28 @@ def test_the_literals_found_in_a_callers_arguments_are_all_of_them(texts: list[s
         assert scrubber.found_in(texts) == {v for v in scrubber.literals if any(v in text for text in texts)}
 
 
+
+@st.composite
+def _literals_and_texts(draw: st.DrawFn) -> tuple[list[str], list[str]]:
+    literals = draw(st.lists(st.text(min_size=3, max_size=14), min_size=1, max_size=8))
+    pieces = st.one_of(st.sampled_from(literals), st.text(max_size=6))
+    texts = draw(st.lists(st.lists(pieces, max_size=3).map("".join), max_size=4))
+    return literals, texts
+
+
+@settings(max_examples=400, deadline=None)
+@given(_literals_and_texts())
+def test_a_literal_is_found_in_an_argument_exactly_as_long_as_it_or_longer(
+        literals_and_texts: tuple[list[str], list[str]]) -> None:
+    """`found_in` searches each text only for the literals that fit in it (by length): one the
+    same length as the whole argument, or inside a longer one, is still found."""
+    literals, texts = literals_and_texts
+    scrubber = Scrubber(literals)
+    assert scrubber.found_in(texts) == {v for v in scrubber.literals if any(v in text for text in texts)}
+    for literal in scrubber.literals:
+        assert scrubber.found_in([literal]) >= {literal}
+        assert literal in scrubber.found_in(["x" + literal])
+
 def test_the_prefilter_finds_each_kind_of_secret_and_passes_ordinary_text() -> None:
     scrubber = Scrubber({"s3cr3t-value", "abc"})
     for dirty in ("the s3cr3t-value", "x abc y", "PassWord: x", "AKIAIOSFODNN7EXAMPLE", "postgres://u:pw@db/x",

@@ -41,6 +41,7 @@ and per keyword cost 45 µs on a 3 KB result with 20 literals.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import logging
@@ -224,11 +225,13 @@ class Masked:
 class Scrubber:
     """`scrubber(text) -> text` with secrets masked. Immutable: `with_literals` returns a new one."""
 
-    __slots__ = ("_literals", "_ordered", "_prefilter", "_short", "_short_pattern")
+    __slots__ = ("_by_length", "_lengths", "_literals", "_ordered", "_prefilter", "_short", "_short_pattern")
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
         values = {v for v in literals if isinstance(v, str) and len(v.strip()) >= MIN_TOKEN_LITERAL_LENGTH}
         self._literals = frozenset(values)
+        self._by_length = tuple(sorted(values, key=lambda v: (len(v), v)))  # for `found_in`: shortest first
+        self._lengths = tuple(len(v) for v in self._by_length)
         # Longest first, so a value that contains another is masked whole.
         self._ordered = tuple(sorted((v for v in values if len(v) >= MIN_LITERAL_LENGTH), key=lambda v: (-len(v), v)))
         self._short = frozenset(v for v in values if len(v) < MIN_LITERAL_LENGTH)
@@ -259,8 +262,13 @@ class Scrubber:
         prefilter = len(self._literals) > _LITERALS_WORTH_A_PREFILTER
         found: set[str] = set()
         for text in texts:
-            if not (prefilter and self._clean(text)):
-                found.update(v for v in self._literals if v in text)
+            if prefilter and self._clean(text):
+                continue
+            # Only a literal no longer than the text can occur in it: arguments are mostly short
+            # (slugs, ids, branch names), secret values mostly long, so most are never searched for.
+            fits = bisect.bisect_right(self._lengths, len(text))
+            if fits:
+                found.update(v for v in self._by_length[:fits] if v in text)
         return frozenset(found)
 
     def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str:
