@@ -267,3 +267,43 @@ def test_a_new_set_of_secrets_leaves_no_automaton_behind() -> None:
     assert re2._Regexp._make.cache_info().currsize == cached
     long_text = "a log line of ordinary words " * 40_000 + "then postgres://app:pw-41x@db/main"
     assert scrubbers[0](long_text).endswith("postgres://app:***@db/main")  # a megabyte in, found all the same
+
+
+def test_a_watched_source_is_asked_at_once_then_at_most_every_quarter_second() -> None:
+    """Values written elsewhere (another process, the CI system) are masked within a quarter
+    second; in between, `refresh` (run before every call) asks nobody."""
+    import time
+
+    import anyio
+
+    from mcp_knecht.core import scrub as scrub_module
+
+    values = {"current": ["first-secret-value"]}
+    asked: list[float] = []
+
+    async def load() -> list[str]:
+        return values["current"]
+
+    async def version() -> object:
+        asked.append(time.monotonic())
+        return tuple(values["current"])
+
+    async def scenario() -> None:
+        registry = SecretRegistry()
+        registry.watch("variables", load, version)
+        await registry.refresh()
+        assert registry("the first-secret-value") == "the ***"
+        values["current"] = ["second-secret-value"]
+        for _ in range(50):
+            await registry.refresh()
+        assert len(asked) == 1  # not due yet: nobody asked, the old set stays in force
+        assert registry("the second-secret-value") == "the second-secret-value"
+        await anyio.sleep(scrub_module._REFRESH_EVERY + 0.05)
+        await registry.refresh()
+        assert len(asked) == 2
+        assert registry("the second-secret-value the first-secret-value") == "the *** the first-secret-value"
+        registry.watch("other", load, version)  # a new source is asked at the next call, not a quarter second later
+        await registry.refresh()
+        assert len(asked) == 3
+
+    anyio.run(scenario)

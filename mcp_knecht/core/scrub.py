@@ -405,12 +405,15 @@ class SecretRegistry:
     the CI system writing the store directly — at most every quarter second, and reloads them.
     """
 
-    __slots__ = ("_refreshing", "_scrubber", "_sources")
+    __slots__ = ("_next_check", "_refreshing", "_scrubber", "_sources")
 
     def __init__(self, literals: Iterable[str] = ()) -> None:
         self._sources: dict[str, _Source] = {"": _Source(frozenset(literals))}
         self._scrubber = Scrubber(literals)
         self._refreshing = False
+        self._next_check = math.inf
+        """When the next watched source is due to be asked (`time.monotonic`): until then `refresh`
+        returns at once (it runs before every call)."""
 
     @property
     def literals(self) -> frozenset[str]:
@@ -437,15 +440,18 @@ class SecretRegistry:
     def watch(self, source: str, load: LiteralLoader, version: VersionProbe) -> None:
         """Keep `source` current: `refresh` reloads it when `version()` answers something new."""
         self._sources[source] = _Source(self._sources.get(source, _Source()).values, load, version)
+        self._next_check = -math.inf
 
     async def refresh(self, *, force: bool = False) -> None:
         """Reload every watched source whose version changed. Never raises: on a failure the last
         set stays in force (and the failure is logged)."""
         if self._refreshing and not force:
             return  # another call is at it; this one uses the set as it is
+        now = time.monotonic()
+        if now < self._next_check and not force:
+            return
         self._refreshing = True
         try:
-            now = time.monotonic()
             for name, source in list(self._sources.items()):
                 if source.load is None or source.version is None:
                     continue
@@ -463,6 +469,8 @@ class SecretRegistry:
                 except Exception:
                     logger.exception("Could not refresh the secret values of %s; the last ones stay in force", name)
         finally:
+            self._next_check = min((source.checked + _REFRESH_EVERY for source in self._sources.values()
+                                    if source.load is not None and source.version is not None), default=math.inf)
             self._refreshing = False
 
     def found_in(self, texts: Iterable[str]) -> frozenset[str]:

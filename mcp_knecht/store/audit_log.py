@@ -60,7 +60,7 @@ _INSERT = (
 
 def _clean(value: Any) -> Any:
     """Text that can always be stored: lone surrogates (never valid UTF-8) become `\\udXXX`."""
-    if isinstance(value, str):
+    if isinstance(value, str) and not value.isascii():  # ASCII holds no surrogate: no need to encode
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
