@@ -70,7 +70,10 @@ def _clean(value: Any) -> Any:
 
 def _row_fields(entry: AuditEntry, row_id: int) -> dict[str, Any]:
     # Field by field: dataclasses.asdict deep-copies, ten times the cost, on the server's loop.
-    fields: dict[str, Any] = {column: _clean(getattr(entry, column)) for column in _ENTRY_COLUMNS}
+    fields: dict[str, Any] = {column: getattr(entry, column) for column in _ENTRY_COLUMNS}
+    for column, value in fields.items():
+        if isinstance(value, str) and not value.isascii():  # only non-ASCII text can hold a surrogate
+            fields[column] = _clean(value)
     fields["detail"] = _clean(_ENCODE_DETAIL(entry.detail))
     fields["id"] = row_id
     return fields
