@@ -268,8 +268,7 @@ class Scrubber:
             # Only a literal no longer than the text can occur in it: arguments are mostly short
             # (slugs, ids, branch names), secret values mostly long, so most are never searched for.
             fits = bisect.bisect_right(self._lengths, len(text))
-            if fits:
-                found.update(v for v in self._by_length[:fits] if v in text)
+            found.update(v for v in self._by_length[:fits] if v in text)
         return frozenset(found)
 
     def __call__(self, text: str, keep: frozenset[str] = frozenset()) -> str:

@@ -58,21 +58,22 @@ _INSERT = (
 )
 
 
-def _clean(value: Any) -> Any:
+def _clean(text: str) -> str:
     """Text that can always be stored: lone surrogates (never valid UTF-8) become `\\udXXX`."""
-    if isinstance(value, str) and not value.isascii():  # ASCII holds no surrogate: no need to encode
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return value
+    if text.isascii():  # ASCII holds no surrogate: no need to encode
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _row_fields(entry: AuditEntry, row_id: int) -> dict[str, Any]:
     # Field by field: dataclasses.asdict deep-copies, ten times the cost, on the server's loop.
     fields: dict[str, Any] = {column: getattr(entry, column) for column in _ENTRY_COLUMNS}
     for column, value in fields.items():
-        if isinstance(value, str) and not value.isascii():  # only non-ASCII text can hold a surrogate
+        if isinstance(value, str):
             fields[column] = _clean(value)
     fields["detail"] = _clean(_ENCODE_DETAIL(entry.detail))
     fields["id"] = row_id
