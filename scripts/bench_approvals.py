@@ -131,6 +131,8 @@ def run(proposals: int, approvers: int, db_url: str | None, order: str = "lockst
         "race_cpu_ms_per_decision": round(sum(r["cpu_seconds"] for r in reports) / max(won, 1) * 1000, 2),
         "baseline_system_ms_per_decision": round(solo[0]["system_seconds"] / proposals * 1000, 2),
         "race_system_ms_per_decision": round(sum(r["system_seconds"] for r in reports) / max(won, 1) * 1000, 2),
+        "baseline_context_switches_per_decision": round(solo[0]["context_switches"] / proposals, 1),
+        "race_context_switches_per_decision": round(sum(r["context_switches"] for r in reports) / max(won, 1), 1),
         "race_seconds": round(race_seconds, 2),
         "race_wall_seconds_with_startup": round(race_wall, 2),
         "race_decisions_per_s": round(won / race_seconds, 1),
@@ -160,11 +162,13 @@ def main() -> None:
           f"{result['fdatasync_per_s']} fdatasync/s)")
     print(f"baseline (1 approver) {result['baseline_decisions_per_s']:>8} decisions/s  "
           f"({result['baseline_cpu_ms_per_decision']} ms CPU per decision in the approver, "
-          f"{result['baseline_system_ms_per_decision']} ms of it in the kernel)")
+          f"{result['baseline_system_ms_per_decision']} ms of it in the kernel, "
+          f"{result['baseline_context_switches_per_decision']} context switches)")
     print(f"race ({args.approvers} approvers, {args.order}) {result['race_decisions_per_s']:>8} decisions/s  "
           f"({result['race_attempts_per_s']} attempts/s, ratio {result['ratio_race_to_baseline']}x, "
           f"{result['race_cpu_ms_per_decision']} ms approver CPU per decision won, "
-          f"{result['race_system_ms_per_decision']} ms of it in the kernel)")
+          f"{result['race_system_ms_per_decision']} ms of it in the kernel, "
+          f"{result['race_context_switches_per_decision']} context switches of all approvers)")
     print(f"wins per approver     {result['wins_per_approver']}")
     print(f"executed              {result['executed']} of {args.proposals}")
     print(f"double executions     {result['double_executions']}")

@@ -279,3 +279,30 @@ async def test_a_blocking_store_waiting_for_another_process_can_be_cancelled_wit
         await db.close()
         holder.kill()
         holder.communicate()
+
+
+@pytest.mark.parametrize("blocking", [False, True], ids=["server", "cli"])
+async def test_a_server_store_lets_other_tasks_run_at_every_write_and_a_cli_store_goes_straight_on(
+    tmp_path, blocking: bool,  # type: ignore[no-untyped-def]
+) -> None:
+    """The server's many requests share one event loop: taking the store's write lock is a turn of the
+    loop, so a loop of writes never starves the other requests. A CLI deciding one proposal has nothing
+    else to run, and goes straight on (each turn of the loop is an epoll call, a tenth of a decision's
+    own work)."""
+    from mcp_knecht.store import open_database
+
+    db = await open_database(f"sqlite:///{tmp_path / 'fair.db'}", blocking=blocking)
+    others_ran: list[bool] = []
+
+    async def another_request() -> None:
+        others_ran.append(True)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(another_request)
+            async with db.transaction() as tx:
+                await tx.execute("CREATE TABLE fair (n INTEGER)")
+                ran_before_the_first_statement = bool(others_ran)
+    finally:
+        await db.close()
+    assert ran_before_the_first_statement is not blocking

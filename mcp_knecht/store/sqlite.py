@@ -286,7 +286,9 @@ class SQLiteDatabase:
         self._lookups_conn = lookups
         self._warm_lookups = _Lookups(writer, self._reader)
         self._writer = writer
-        self._write_lock = anyio.Lock()
+        # A blocking store's process does one thing at a time: taking the lock need not yield to other tasks
+        # (anyio's default makes every uncontended acquire a turn of the event loop: an epoll call).
+        self._write_lock = anyio.Lock(fast_acquire=blocking)
         self._writers = writers
         self._commits = 0
         self._rows_at_checkpoint = 0
