@@ -264,10 +264,11 @@ class ApprovalService:
         finished = await self._proposals.finish(
             proposal.id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
             audit=self._entry(operator, proposal, outcome, **({"error": error} if error else {})),
+            approvals=proposal.approvals,
         )
         if finished is None:  # settled meanwhile by someone who thought this approver gone
             return await self.checked(proposal.id)
-        return replace(finished, approvals=proposal.approvals)
+        return finished
 
     async def _run(self, proposal: Proposal) -> tuple[bool, str | None, str | None]:
         tool = self._gate.registry.get(proposal.tool)

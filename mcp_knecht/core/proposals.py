@@ -305,9 +305,10 @@ class ProposalRepository(Protocol):
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str, audit: AuditEntry) -> Proposal | None:
-        """executing → succeeded | failed: the proposal as it now is (without its approvals), or None
-        when it was not executing."""
+                     error: str | None, now: str, audit: AuditEntry,
+                     approvals: tuple[Approval, ...] = ()) -> Proposal | None:
+        """executing → succeeded | failed: the proposal as it now is, with `approvals` (the caller knows
+        them: they do not change once it was claimed), or None when it was not executing."""
         ...
     async def settled(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """`id → (status, proposer subject)` for those of `ids` that are no longer pending (decided,

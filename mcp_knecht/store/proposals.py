@@ -79,9 +79,9 @@ class SqlProposalRepository:
         self._left: dict[int, ProposalState] = {}
         """Per proposal: the settled state a decision inside its turn left for those queued (`_leave`)."""
 
-    async def _changed(self, tx: Transaction, row: Row) -> Proposal:
+    async def _changed(self, tx: Transaction, row: Row, approvals: tuple[Approval, ...] = ()) -> Proposal:
         """`row` as the proposal it now is, after the status hook has seen it."""
-        proposal = _proposal(row, clock.timestamp())
+        proposal = _proposal(row, clock.timestamp(), approvals)
         await self._tell(tx, proposal)
         return proposal
 
@@ -199,13 +199,13 @@ class SqlProposalRepository:
         return await self._update_returning(sql, params, audit, durable=durable) is not None
 
     async def _update_returning(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
-                                durable: bool = True) -> Proposal | None:
-        """`_update`, answering the proposal as the UPDATE left it (without its approvals)."""
+                                durable: bool = True, approvals: tuple[Approval, ...] = ()) -> Proposal | None:
+        """`_update`, answering the proposal as the UPDATE left it, with `approvals`."""
         async with self._db.transaction(durable=durable) as tx:
             changed = await tx.fetch_all(f"{sql} RETURNING *", params)
             if len(changed) != 1:
                 return None
-            proposal = await self._changed(tx, changed[0])  # before the audit chain takes its (global) lock
+            proposal = await self._changed(tx, changed[0], approvals)  # before the audit chain takes its lock
             if audit is not None:
                 await self._chain.append(tx, [audit])
         return proposal
@@ -227,8 +227,8 @@ class SqlProposalRepository:
                            counts: Callable[[Approval], bool],
                            audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
                            approved_as: Proposal | None = None) -> QuorumResult:
-        async def claimed(tx: Transaction, row: Row) -> Proposal | None:
-            proposal = _proposal(row, approval.approved_at)
+        async def claimed(tx: Transaction, row: Row, counted: tuple[Approval, ...]) -> Proposal | None:
+            proposal = _proposal(row, approval.approved_at, counted)
             if approved_as is not None and proposal.sealed() != approved_as.sealed():
                 return None
             await self._tell(tx, proposal)
@@ -247,13 +247,15 @@ class SqlProposalRepository:
         )
 
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,
-                     error: str | None, now: str, audit: AuditEntry) -> Proposal | None:
+                     error: str | None, now: str, audit: AuditEntry,
+                     approvals: tuple[Approval, ...] = ()) -> Proposal | None:
         # Not `durable`: the claim already is. A power loss that takes this commit leaves the proposal
         # `executing` ("outcome unknown"): never run again, settled by a person.
         return await self._update_returning(
             "UPDATE proposals SET status = ?, finished_at = ?, result_json = ?, error = ?"
             " WHERE id = ? AND status = 'executing'",
             ("succeeded" if succeeded else "failed", now, result_json, error, proposal_id), audit, durable=False,
+            approvals=approvals,
         )
 
     async def take_unseen(self, subject: str, limit: int) -> builtins.list[Proposal]:

@@ -29,7 +29,6 @@ costs, after which the proposal can never run again, even after a power loss.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from mcp_knecht.core.audit import AuditEntry
@@ -88,10 +87,11 @@ async def read_state(db: Database, proposal_id: int) -> ProposalState | None:
 async def add_approval(
     db: Database, chain: AuditChain, proposal_id: int, new: Approval, *, required: int,
     counts: Callable[[Approval], bool], audit: Callable[[tuple[Approval, ...], bool], AuditEntry],
-    approved: Callable[[Transaction, Row], Awaitable[Proposal | None]] | None = None,
+    approved: Callable[[Transaction, Row, tuple[Approval, ...]], Awaitable[Proposal | None]] | None = None,
 ) -> QuorumResult:
-    """`approved(tx, row)`: awaited in the transaction that completes the quorum, with the proposal's row;
-    the proposal it answers is the claim's (None: the row is not what was approved — rolled back)."""
+    """`approved(tx, row, approvals)`: awaited in the transaction that completes the quorum, with the
+    proposal's row and the approvals that complete it; the proposal it answers is the claim's (None: the
+    row is not what was approved — rolled back)."""
     claimed: Proposal | None = None
     counted: tuple[Approval, ...] = ()
     try:
@@ -122,7 +122,7 @@ async def add_approval(
                     "UPDATE proposals SET status = 'executing', decided_by = ?, decided_at = ?, started_at = ?"
                     f" {pending} RETURNING *", (new.operator, new.approved_at, new.approved_at, *params))
                 changed = len(rows)
-                if changed == 1 and approved is not None and (claimed := await approved(tx, rows[0])) is None:
+                if changed == 1 and approved is not None and (claimed := await approved(tx, rows[0], counted)) is None:
                     raise _Changed
             else:  # changes nothing, but only while pending, and holds the row until this commits
                 changed = await tx.execute(f"UPDATE proposals SET status = status {pending}", params)
@@ -137,8 +137,7 @@ async def add_approval(
         return QuorumResult("claimed_before")
     if not completes:
         return QuorumResult("recorded", approvals=counted)
-    return QuorumResult("claimed", claimed=replace(claimed, approvals=counted) if claimed else None,
-                        approvals=counted)
+    return QuorumResult("claimed", claimed=claimed, approvals=counted)
 
 
 async def approvals_of(db: Database, ids: Sequence[int]) -> dict[int, tuple[Approval, ...]]:

@@ -385,7 +385,7 @@ class SQLiteDatabase:
         waited for by polling every fraction of a millisecond (growing to 4 ms), up to
         `BUSY_TIMEOUT_MS` in all. SQLite's own busy handler sleeps in steps up to 100 ms, which
         leaves the lock idle while racing writers sleep."""
-        deadline = anyio.current_time() + BUSY_TIMEOUT_MS / 1000
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
         if self._writers is None:
             queued = False
         elif self._blocking:
@@ -404,8 +404,8 @@ class SQLiteDatabase:
         """The writer queue of a blocking store, waited for in slices (`kernel_wait.SLICE`): between two,
         a cancellation (Ctrl-C) gets through."""
         assert self._writers is not None
-        while not self._writers.acquire_here(min(deadline - anyio.current_time(), SLICE)):
-            if anyio.current_time() >= deadline:
+        while not self._writers.acquire_here(min(deadline - time.monotonic(), SLICE)):
+            if time.monotonic() >= deadline:
                 return False
             await anyio.lowlevel.checkpoint()
         return True
@@ -419,7 +419,7 @@ class SQLiteDatabase:
             except sqlite3.OperationalError as exc:
                 if not _busy(exc):
                     raise
-                if anyio.current_time() >= deadline:
+                if time.monotonic() >= deadline:
                     raise StoreBusyError(
                         f"The store is busy: another process has held its write lock for {BUSY_TIMEOUT_MS / 1000:g} s."
                         " Nothing was changed; retry in a moment.") from exc
