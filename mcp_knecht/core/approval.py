@@ -274,17 +274,18 @@ class ApprovalService:
         tool = self._gate.registry.get(proposal.tool)
         if tool is None:
             return False, None, f"Tool {proposal.tool} is no longer served by this installation."
-        if not proposal.proposer.holds(needed := tool.scope_of(proposal.action)):
+        proposer = proposal.proposer
+        if not proposer.holds(needed := tool.scope_of(proposal.action)):
             return False, None, f"The proposer did not hold scope {needed}."
         try:
             arguments = validate_arguments(tool.name, tool.input_model, proposal.arguments)
         except InvalidArgumentsError as exc:
             return False, None, exc.message
-        decision = await self._gate.decide(proposal.proposer, tool, proposal.action, arguments, source=APPROVAL)
+        decision = await self._gate.decide(proposer, tool, proposal.action, arguments, source=APPROVAL)
         if isinstance(decision, GateResult):
             return False, None, decision.text
         if decision.mode == "deny":
             return False, None, f"{proposal.call_name} has been denied by policy since it was proposed."
-        result = await self._gate.execute(proposal.proposer, tool, arguments, source=APPROVAL)
+        result = await self._gate.execute(proposer, tool, arguments, source=APPROVAL)
         result_json = json.dumps(result.data, ensure_ascii=False) if result.data is not None else None
         return (not result.is_error), result_json, (result.text if result.is_error else None)
