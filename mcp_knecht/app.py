@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from mcp_knecht.ai.settings import load_ai_settings
 from mcp_knecht.ai.tables import AI_MIGRATIONS
@@ -51,8 +51,7 @@ SERVER_INSTRUCTIONS = (
 )
 
 
-@dataclass(frozen=True)
-class App:
+class App(msgspec.Struct, frozen=True):
     """The assembled server: store, audit log, registry, policy, gate and services."""
     settings: Settings
     db: Database

@@ -214,11 +214,11 @@ async def test_only_failed_runs_are_diagnosed(app: App) -> None:
 
 
 async def test_with_auto_diagnose_off_the_worker_does_not_run(store_env: dict[str, str]) -> None:
-    import dataclasses
+    import msgspec.structs
 
     async with replica(store_env) as app:
         runtime = scripted_runtime(app)
-        runtime.settings = dataclasses.replace(SETTINGS, auto_diagnose=False)
+        runtime.settings = msgspec.structs.replace(SETTINGS, auto_diagnose=False)
         with anyio.move_on_after(0.5):
             await runtime.run()
         assert await app.db.fetch_all("SELECT run_id FROM run_diagnoses") == []

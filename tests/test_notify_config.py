@@ -120,7 +120,7 @@ def test_pending_proposals_route_from_the_most_specific_setting_to_the_default()
 
 def test_a_per_rule_route_would_win_over_every_tool_route() -> None:
     """Policy rules (`[[rules]]`) can hand their channels to the router; nothing sets them yet."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     routes = replace(parse(EXAMPLE).routes, rules={"rules[1]": ("dev",)})
     facts = {"call": "rerun_run", "tool": "rerun_run", "rule": "rules[1]"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import hmac
 import json
@@ -19,6 +18,7 @@ from typing import Any
 
 import anyio
 import jwt
+import msgspec.structs
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
@@ -530,7 +530,7 @@ def test_parse_ttl_rejects_bad_input(text: str) -> None:
 
 
 async def test_a_token_verified_before_is_trusted_again_only_until_it_expires(settings: TokenSettings) -> None:
-    strict = TokenVerifier(dataclasses.replace(settings, leeway_seconds=0))
+    strict = TokenVerifier(msgspec.structs.replace(settings, leeway_seconds=0))
     token = mint_token(settings, subject="dana", scopes=["x:read"], ttl=timedelta(seconds=1))
     assert (await strict.averify(token)).subject == "dana"
     assert (await strict.averify(token)).subject == "dana"  # remembered

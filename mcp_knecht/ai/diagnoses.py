@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.core.database import Database, Row
 
@@ -25,8 +26,7 @@ MAX_ATTEMPTS = 3
 PENDING_TEXT = "Knecht is looking into why the last run failed."
 
 
-@dataclass(frozen=True)
-class StoredDiagnosis:
+class StoredDiagnosis(msgspec.Struct, frozen=True):
     """A failure diagnosis as stored for a run."""
     run_id: int
     status: str

@@ -13,9 +13,9 @@ concrete one, so the model can change without touching code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import msgspec
 from pydantic import BaseModel
 
 from mcp_knecht.ai.settings import Role
@@ -24,8 +24,7 @@ from mcp_knecht.core.tools import Source, feature_source
 Output = TypeVar("Output", bound=BaseModel)
 
 
-@dataclass(frozen=True)
-class Feature(Generic[Output]):
+class Feature(msgspec.Struct, Generic[Output], frozen=True):
     id: str
     role: Role
     instructions: str
@@ -46,16 +45,14 @@ class Feature(Generic[Output]):
         return feature_source(self.id)
 
 
-@dataclass(frozen=True)
-class ToolCallRecord:
+class ToolCallRecord(msgspec.Struct, frozen=True):
     step: int
     tool: str
     outcome: str
     """The gate's outcome (ran, failed, invalid, denied, staged, forbidden), or `skipped`."""
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -67,13 +64,12 @@ class Usage:
         return Usage(self.requests + 1, self.input_tokens + input_tokens, self.output_tokens + output_tokens, known)
 
 
-@dataclass(frozen=True)
-class FeatureResult(Generic[Output]):
+class FeatureResult(msgspec.Struct, Generic[Output], frozen=True):
     feature: str
     output: Output
     model: str
     steps: int
     usage: Usage
-    calls: tuple[ToolCallRecord, ...] = field(default_factory=tuple)
+    calls: tuple[ToolCallRecord, ...] = msgspec.field(default_factory=tuple)
     record_id: int | None = None
     """The run's row in `ai_feature_runs`, once recorded."""

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from mcp_knecht.ai.errors import FeatureUnavailable
 from mcp_knecht.ai.settings import (
@@ -40,8 +41,7 @@ MAX_OUTPUT_TOKENS = 4096
 SDK_RETRIES = 2
 
 
-@dataclass(frozen=True)
-class ResolvedModel:
+class ResolvedModel(msgspec.Struct, frozen=True):
     spec: ModelSpec
     model: Model
     timeout: float

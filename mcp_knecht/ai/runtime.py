@@ -9,7 +9,6 @@ every feature run, the diagnosis service and its background worker.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 from collections.abc import Callable, Coroutine, Mapping
@@ -17,6 +16,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from msgspec.structs import replace
 
 from mcp_knecht.ai.diagnosis import FAILURE_DIAGNOSIS, DiagnosisService
 from mcp_knecht.ai.errors import FeatureError, FeatureUnavailable
@@ -80,7 +80,7 @@ class AiRuntime:
             raise
         record = await record_feature_run(self.db, feature=feature.id, actor=actor, model=model_name, status="done",
                                           result=result, started_at=started, finished_at=timestamp())
-        return dataclasses.replace(result, record_id=record)
+        return replace(result, record_id=record)
 
     def start_soon(self, function: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> bool:
         """Run in the background of a running runtime; False when it is not running (a CLI)."""

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import msgspec
 
 from mcp_knecht.core.settings import Settings
 from mcp_knecht.errors import ConfigError
@@ -50,8 +51,7 @@ PROVIDER_ENV: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(msgspec.Struct, frozen=True):
     """`provider:model`, parsed; `source` says where it was set (for messages)."""
 
     provider: str
@@ -62,8 +62,7 @@ class ModelSpec:
         return f"{self.provider}:{self.model}"
 
 
-@dataclass(frozen=True)
-class ProviderAccess:
+class ProviderAccess(msgspec.Struct, frozen=True):
     """How to reach one provider: its key and base URL as the environment gives them."""
 
     api_key: str | None
@@ -72,15 +71,14 @@ class ProviderAccess:
     base_url_env: str
 
 
-@dataclass(frozen=True)
-class AiSettings:
+class AiSettings(msgspec.Struct, frozen=True):
     """The `[ai]` configuration: which models run the AI features, and their limits."""
     default: ModelSpec | None = None
     fast: ModelSpec | None = None
     auto_diagnose: bool = True
     """Asked for (the default); it runs only when a model is configured too."""
     timeout: float = DEFAULT_TIMEOUT
-    providers: Mapping[str, ProviderAccess] = field(default_factory=dict)
+    providers: Mapping[str, ProviderAccess] = msgspec.field(default_factory=dict)
     langdock_region: str = "eu"
 
     def spec(self, role: Role) -> ModelSpec | None:

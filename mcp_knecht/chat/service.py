@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.ai.errors import FeatureError, FeatureUnavailable
 from mcp_knecht.ai.models import ModelResolver, ResolvedModel
@@ -67,8 +68,7 @@ def title_of(message: str) -> str:
     return words if len(words) <= _TITLE_CHARS else words[:_TITLE_CHARS - 1].rstrip() + "…"
 
 
-@dataclass(frozen=True)
-class ChatReply:
+class ChatReply(msgspec.Struct, frozen=True):
     conversation_id: str
     reply: str
     action: dict[str, Any] | None = None

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import msgspec
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
@@ -42,8 +42,7 @@ def new_conversation_id() -> str:
     return secrets.token_urlsafe(16)
 
 
-@dataclass(frozen=True)
-class Conversation:
+class Conversation(msgspec.Struct, frozen=True):
     id: str
     subject: str
     title: str
@@ -54,8 +53,7 @@ class Conversation:
         return {"id": self.id, "title": self.title, "createdAt": self.created_at, "updatedAt": self.updated_at}
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(msgspec.Struct, frozen=True):
     role: Role
     content: str
     kind: Kind = "message"
@@ -74,8 +72,7 @@ class Message:
         return shown
 
 
-@dataclass(frozen=True)
-class Exchange:
+class Exchange(msgspec.Struct, frozen=True):
     """What one turn adds to a conversation: the message it answered, the reply, and the proposal the
     reply staged (with who will be followed up when it is decided)."""
 
@@ -88,8 +85,7 @@ class Exchange:
     """Who the follow-up turn runs as, when `proposal_id` is set: the person who chatted."""
 
 
-@dataclass(frozen=True)
-class FollowUp:
+class FollowUp(msgspec.Struct, frozen=True):
     proposal_id: int
     conversation_id: str
     actor: Actor

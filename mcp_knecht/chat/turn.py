@@ -17,9 +17,9 @@ The exchange with the model is `ModelSession`, shared with the feature loop (`ai
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pydantic_ai.messages import (
     InstructionPart,
     ModelMessage,
@@ -46,8 +46,7 @@ from mcp_knecht.core.tools import CHAT
 _NOT_RUN = "Not run: the proposal before it ended the turn."
 
 
-@dataclass(frozen=True)
-class TurnOutcome:
+class TurnOutcome(msgspec.Struct, frozen=True):
     reply: str | None
     """The model's answer; None when a proposal ended the turn (the reply is then the server's)."""
     staged: GateResult | None

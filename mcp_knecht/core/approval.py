@@ -32,9 +32,11 @@ Who decides is an `Operator`: verified (from an operator token: the API, `--serv
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
+
+import msgspec
+from msgspec.structs import replace
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry, DurableAuditSink, Outcome
@@ -68,8 +70,7 @@ SETTLE_AFTER = timedelta(minutes=5)
 """An execution younger than this may still be running: settling it needs `force`."""
 
 
-@dataclass(frozen=True)
-class Operator:
+class Operator(msgspec.Struct, frozen=True):
     """Who decides: a verified token subject or a local name, as `decided_by` records it (`recorded_as`)."""
     name: str
     client: str = "knecht-approve"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+import msgspec
 
 from mcp_knecht.core.clock import timestamp
 
@@ -14,8 +15,7 @@ Outcome = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class AuditEntry:
+class AuditEntry(msgspec.Struct, frozen=True):
     """One row of the audit log: who did what, through which tool, and how it ended."""
     source: str
     subject: str
@@ -26,9 +26,9 @@ class AuditEntry:
     rule: str | None = None
     proposal_id: int | None = None
     arguments_hash: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
     duration_ms: float | None = None
-    at: str = field(default_factory=timestamp)
+    at: str = msgspec.field(default_factory=timestamp)
 
 
 PendingEntry = Callable[[], AuditEntry]

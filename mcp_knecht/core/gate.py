@@ -33,9 +33,10 @@ import reprlib
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import msgspec
+from msgspec.structs import replace
 from pydantic import BaseModel
 
 from mcp_knecht.core.actor import Actor
@@ -65,8 +66,7 @@ MAX_ERROR_CHARS = 2_000
 """An error message is cut here (after masking): no error repeats a huge argument back."""
 
 
-@dataclass(frozen=True, slots=True)
-class GateResult:
+class GateResult(msgspec.Struct, frozen=True):
     """What the gate answers for a call: its outcome, text and structured data."""
     outcome: Outcome
     text: str
@@ -75,8 +75,7 @@ class GateResult:
     error_code: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class FrozenCall:
+class FrozenCall(msgspec.Struct, frozen=True):
     """A validated call as it will be stored and, if approved, executed."""
 
     tool: Tool

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from mcp_knecht.core.hidden_repr import repr_without
 from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
 from mcp_knecht.core.settings import SERVER_KEY, Settings
 from mcp_knecht.errors import ConfigError
@@ -33,11 +36,16 @@ Purpose = str
 _SHA256_BLOCK = 64
 
 
-@dataclass(frozen=True)
-class ServerKeys:
+class ServerKeys(msgspec.Struct, frozen=True, dict=True):  # a __dict__ for the derived keys' hashes
     """The server key, and the key it derives for each purpose (`seal`, `approval`, `arguments`, `audit`)."""
-    secret: bytes = field(repr=False)
-    _pads: dict[str, tuple[_Hash, _Hash]] = field(default_factory=dict, repr=False, compare=False)
+    secret: bytes
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("secret",))
+
+    @cached_property
+    def _pads(self) -> dict[str, tuple[_Hash, _Hash]]:
+        return {}
 
     def __post_init__(self) -> None:
         if len(self.secret) < MIN_KEY_BYTES:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.policy_rules import MODES, Mode, Rule, compile_glob, is_glob
@@ -28,8 +30,7 @@ __all__ = ["BUILT_IN", "MODES", "Case", "Decision", "Mode", "Policy"]
 BUILT_IN: Mapping[Effect, Mode] = {"read": "auto", "write": "approve"}
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """What the policy decided for one call (`auto`, `approve` or `deny`), and why."""
     mode: Mode
     rule: str
@@ -41,8 +42,7 @@ class Decision:
     """The rule's reason, for the agent (on deny) and the operator (on approve)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Case:
+class Case(msgspec.Struct, frozen=True):
     """One way a call may be decided: a rule that may match (None: the fallback) and its decision."""
 
     rule: Rule | None
@@ -144,18 +144,22 @@ class _Entry:
         return mask
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(msgspec.Struct, frozen=True, dict=True):  # a __dict__ for the caches below
     """The loaded `policies.toml`: a mode per `Tool` or `Tool.Action`, a default and the rules."""
-    rules: Mapping[str, Mode] = field(default_factory=dict)
+    rules: Mapping[str, Mode] = msgspec.field(default_factory=dict)
     """The `[tools]` table: keys are `Tool` or `Tool.Action`."""
     default: Mode | None = None
     origin: str = "policies.toml"
     rule_list: Sequence[Rule] = ()
     """The `[[rules]]`, in file order."""
-    _index: dict[tuple[str, str | None], _Entry] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _hidden: dict[tuple[str, tuple[str, str] | None], bool] = field(default_factory=dict, init=False, repr=False,
-                                                                     compare=False)
+
+    @cached_property
+    def _index(self) -> dict[tuple[str, str | None], _Entry]:
+        return {}
+
+    @cached_property
+    def _hidden(self) -> dict[tuple[str, tuple[str, str] | None], bool]:
+        return {}
 
     # --- deciding ---------------------------------------------------------------------------------
 

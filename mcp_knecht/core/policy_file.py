@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import logging
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import anyio
+import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from mcp_knecht.core.policy import MODES, Mode, Policy
@@ -199,8 +199,7 @@ def load_policy(path: Path, registry: Registry) -> Policy:
     return parse_policy(text, path, registry)
 
 
-@dataclass(frozen=True)
-class _Stamp:
+class _Stamp(msgspec.Struct, frozen=True):
     """A file's modification time and size: what the policy watcher compares."""
     mtime_ns: int
     size: int

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
+
+import msgspec
 
 Mode = Literal["auto", "approve", "deny"]
 MODES: tuple[Mode, ...] = ("auto", "approve", "deny")
@@ -48,27 +50,28 @@ def glob_covers(wide: str, narrow: str) -> bool:
     return compile_glob(wide).fullmatch(narrow) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Condition:
+class Condition(msgspec.Struct, frozen=True, dict=True):  # a __dict__ for the value sets, made once
     """`name` must be one of `values`: exact scalars, or globs (strings with `*`)."""
 
     name: str
     values: tuple[Scalar, ...]
-    _strings: frozenset[str] = field(init=False, repr=False, compare=False)
-    _numbers: frozenset[int | float] = field(init=False, repr=False, compare=False)
-    _flags: frozenset[bool] = field(init=False, repr=False, compare=False)
-    _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        strings = frozenset(v for v in self.values if isinstance(v, str) and "*" not in v)
-        numbers = frozenset(v for v in self.values if isinstance(v, int | float) and not isinstance(v, bool))
-        flags = frozenset(v for v in self.values if isinstance(v, bool))
+    @cached_property
+    def _strings(self) -> frozenset[str]:
+        return frozenset(v for v in self.values if isinstance(v, str) and "*" not in v)
+
+    @cached_property
+    def _numbers(self) -> frozenset[int | float]:
+        return frozenset(v for v in self.values if isinstance(v, int | float) and not isinstance(v, bool))
+
+    @cached_property
+    def _flags(self) -> frozenset[bool]:
+        return frozenset(v for v in self.values if isinstance(v, bool))
+
+    @cached_property
+    def _pattern(self) -> re.Pattern[str] | None:
         globs = [v for v in self.values if isinstance(v, str) and "*" in v]
-        pattern = re.compile("|".join(f"(?:{compile_glob(g).pattern})" for g in globs), re.DOTALL) if globs else None
-        object.__setattr__(self, "_strings", strings)
-        object.__setattr__(self, "_numbers", numbers)
-        object.__setattr__(self, "_flags", flags)
-        object.__setattr__(self, "_pattern", pattern)
+        return re.compile("|".join(f"(?:{compile_glob(g).pattern})" for g in globs), re.DOTALL) if globs else None
 
     def matches(self, value: object) -> bool:
         if isinstance(value, str):
@@ -98,14 +101,13 @@ def _value_covers(wide: Scalar, narrow: Scalar) -> bool:
     return wide == narrow
 
 
-@dataclass(frozen=True, slots=True)
-class CallerGlob:
+class CallerGlob(msgspec.Struct, frozen=True, dict=True):  # a __dict__ for the compiled pattern
     """A glob over callers (`subject` or `client`) in a rule's `when`, compiled once."""
     pattern: str
-    _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", compile_glob(self.pattern))
+    @cached_property
+    def _compiled(self) -> re.Pattern[str]:
+        return compile_glob(self.pattern)
 
     def matches(self, value: str) -> bool:
         return self._compiled.fullmatch(value) is not None
@@ -114,8 +116,7 @@ class CallerGlob:
         return glob_covers(self.pattern, other.pattern)
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(msgspec.Struct, frozen=True):
     """One `[[rules]]` entry of `policies.toml`: for which calls it decides, and what."""
     number: int
     """Its position among the file's `[[rules]]`, counted from 1."""

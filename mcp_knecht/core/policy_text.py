@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.policy import Case, Decision, Policy
@@ -87,8 +88,7 @@ def _conditional(tool: Tool, cases: dict[str | None, list[Case]]) -> str:
 # --- for admins -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RuleWarning:
+class RuleWarning(msgspec.Struct, frozen=True):
     """A rule that can never decide anything, and why."""
     rule: Rule
     message: str

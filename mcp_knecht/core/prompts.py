@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass(frozen=True)
-class PromptArgument:
+class PromptArgument(msgspec.Struct, frozen=True):
     """One argument an MCP prompt takes."""
     name: str
     description: str
     required: bool = True
 
 
-@dataclass(frozen=True)
-class Prompt:
+class Prompt(msgspec.Struct, frozen=True):
     """An MCP prompt a toolset offers, shown to actors holding its scope."""
     name: str
     description: str

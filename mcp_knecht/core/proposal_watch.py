@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.proposals import OPEN, ProposalRepository
@@ -13,8 +14,7 @@ from mcp_knecht.core.proposals import OPEN, ProposalRepository
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class StatusChange:
+class StatusChange(msgspec.Struct, frozen=True):
     """A proposal whose status changed, as told to its proposer's subscriptions."""
     proposal_id: int
     status: str

@@ -11,8 +11,9 @@ import builtins
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+import msgspec
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
@@ -59,8 +60,7 @@ def shown_status(status: str) -> str:
     return "executing (outcome unknown if the approver stopped)" if status == "executing" else status
 
 
-@dataclass(frozen=True, slots=True)
-class ProposalState:
+class ProposalState(msgspec.Struct, frozen=True):
     """Where a proposal stands (its effective status) and who decided it: all a late operator is told.
     Read without the seal check, which covers what runs, never the status."""
 
@@ -75,8 +75,7 @@ class ProposalState:
         return shown_status(self.status)
 
 
-@dataclass(frozen=True)
-class Approval:
+class Approval(msgspec.Struct, frozen=True):
     """One operator's approval of a proposal. It is sealed too (a server-keyed MAC binding it to
     the proposal's own seal), so an approval row written into the database counts for nothing."""
 
@@ -91,8 +90,7 @@ class Approval:
         return canonical_json(["approval", proposal_id, proposal_seal, self.operator, self.person, self.approved_at])
 
 
-@dataclass(frozen=True)
-class Proposal:
+class Proposal(msgspec.Struct, frozen=True):
     """A staged call as stored: its frozen arguments, proposer, seal, status and approvals."""
     id: int
     tool: str
@@ -213,8 +211,7 @@ class Proposal:
         }
 
 
-@dataclass(frozen=True)
-class NewProposal:
+class NewProposal(msgspec.Struct, frozen=True):
     """A call the gate stages: what the store writes as a new pending proposal."""
     tool: str
     action: str | None
@@ -238,8 +235,7 @@ class NewProposal:
                          expires_at=self.expires_at, approvers=self.approvers, policy_reason=self.policy_reason)
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(msgspec.Struct, frozen=True):
     """A proposal's turn for a decision (`ProposalRepository.turn`)."""
 
     ours: bool
@@ -247,8 +243,7 @@ class Turn:
     """Not ours: where the proposal stands now that the turn before settled it (None: it does not exist)."""
 
 
-@dataclass(frozen=True)
-class QuorumResult:
+class QuorumResult(msgspec.Struct, frozen=True):
     """What an approval did (`ProposalRepository.add_approval`)."""
 
     outcome: QuorumOutcome

@@ -9,15 +9,15 @@ store applies them in order at start, each file once, recorded per namespace.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from importlib import resources
+
+import msgspec
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
-@dataclass(frozen=True)
-class Migration:
+class Migration(msgspec.Struct, frozen=True):
     """One numbered SQL file of a namespace's schema, applied once, in order."""
     namespace: str
     version: int
@@ -29,8 +29,7 @@ class Migration:
         return f"{self.namespace}/{self.version:04d}_{self.name}"
 
 
-@dataclass(frozen=True)
-class Migrations:
+class Migrations(msgspec.Struct, frozen=True):
     """Where a namespace keeps its migration files, one folder per SQL dialect."""
     namespace: str
     package: str

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.errors import ConfigError
 
@@ -14,16 +15,14 @@ CATALOGUE_FILE = "catalogue.toml"
 PROFILES_FILE = "profiles.toml"
 
 
-@dataclass(frozen=True)
-class Profile:
+class Profile(msgspec.Struct, frozen=True):
     """A named set of scopes tokens are minted from (`--profile`)."""
     name: str
     description: str
     scopes: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class ScopeCatalogue:
+class ScopeCatalogue(msgspec.Struct, frozen=True):
     """Every scope with its description, and the profiles built from them."""
     scopes: Mapping[str, str]
     profiles: Mapping[str, Profile]

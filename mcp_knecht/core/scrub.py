@@ -49,9 +49,9 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 import re2  # type: ignore[import-untyped]
 
@@ -383,8 +383,7 @@ LiteralLoader = Callable[[], Awaitable[Iterable[str]]]
 VersionProbe = Callable[[], Awaitable[object]]
 
 
-@dataclass
-class _Source:
+class _Source(msgspec.Struct):
     """One source of secret literals: the values it gave, and how to tell when they change."""
     values: frozenset[str] = frozenset()
     load: LiteralLoader | None = None

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, cast
 
+import msgspec
+
 from mcp_knecht.core.durations import parse_duration
+from mcp_knecht.core.hidden_repr import repr_without
 from mcp_knecht.errors import ConfigError, UsageError
 
 DEFAULT_TOOLSETS = ("mcp_knecht.knecht:toolset",)
@@ -45,8 +47,7 @@ _INSTALLATION = Path(__file__).resolve().parents[2]
 """The checkout the package runs from: its `policies.toml` and `scopes/` are the default config."""
 
 
-@dataclass(frozen=True)
-class Variable:
+class Variable(msgspec.Struct, frozen=True):
     """One `KNECHT_*` environment variable: the setting it fills, its help text and its default."""
     name: str
     field: str
@@ -247,27 +248,31 @@ VARIABLES: tuple[Variable, ...] = (
 BY_NAME: Mapping[str, Variable] = {declared.name: declared for declared in VARIABLES}
 
 
-@dataclass(frozen=True)
-class Settings:
+# Never shown by repr: secrets, and the whole environment (which holds them).
+_SECRET_FIELDS = frozenset(("token", "jwt_secret", "server_key", "operator_token", "entities_key", "metrics_token",
+                            "openai_compatible_api_key", "webhook_url", "webhook_secret", "env"))
+
+
+class Settings(msgspec.Struct, frozen=True):
     """Everything a process reads from its environment, resolved once at start (`load_settings`)."""
     data_dir: Path
     config_dir: Path
     database_url: str
     toolsets: tuple[str, ...] = DEFAULT_TOOLSETS
     proposal_ttl: timedelta = DEFAULT_PROPOSAL_TTL
-    token: str | None = field(default=None, repr=False)
-    jwt_secret: str | None = field(default=None, repr=False)
+    token: str | None = None
+    jwt_secret: str | None = None
     jwt_public_key: Path | None = None
     jwks_url: str | None = None
     jwt_issuer: str = DEFAULT_ISSUER
     jwt_audience: str = DEFAULT_AUDIENCE
-    server_key: str | None = field(default=None, repr=False)
+    server_key: str | None = None
     operator_auth: str = "local"
     """`token`: decisions need a verified operator token everywhere (team deployments)."""
-    operator_token: str | None = field(default=None, repr=False)
+    operator_token: str | None = None
     server_url: str | None = None
-    entities_key: str | None = field(default=None, repr=False)
-    metrics_token: str | None = field(default=None, repr=False)
+    entities_key: str | None = None
+    metrics_token: str | None = None
     log_format: LogFormat = "text"
     web_session_ttl: timedelta = DEFAULT_WEB_SESSION_TTL
     model_default: str | None = None
@@ -277,15 +282,18 @@ class Settings:
     langdock_base_url: str | None = None
     langdock_region: str = "eu"
     openai_compatible_base_url: str | None = None
-    openai_compatible_api_key: str | None = field(default=None, repr=False)
-    webhook_url: str | None = field(default=None, repr=False)
-    webhook_secret: str | None = field(default=None, repr=False)
+    openai_compatible_api_key: str | None = None
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
     sessions_per_subject: int = DEFAULT_SESSIONS_PER_SUBJECT
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_idle_timeout: timedelta = DEFAULT_SESSION_IDLE_TIMEOUT
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env: Mapping[str, str] = msgspec.field(default_factory=dict)
     """The whole environment, for names a config file declares (an entity's `database_env`, a
     notification channel's `${NAME}`)."""
+
+    def __repr__(self) -> str:
+        return repr_without(self, _SECRET_FIELDS)
 
     @property
     def scopes_dir(self) -> Path:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Protocol
 
+from msgspec.structs import replace
+
 from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
@@ -63,7 +65,7 @@ class ProposalStager:
             approvers=call.decision.approvers if call.decision.mode == "approve" else 1,
             policy_reason=call.decision.reason,
         )
-        sealed = NewProposal(**{**unsealed.__dict__, "seal": self._keys.mac("seal", unsealed.seal_text())})
+        sealed = replace(unsealed, seal=self._keys.mac("seal", unsealed.seal_text()))
         proposal_id, created = await self._proposals.create(sealed, staged)
         return {
             "id": proposal_id,

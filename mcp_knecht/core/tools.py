@@ -7,10 +7,10 @@ A toolset builds `Tool` values and registers them; the gate is the only caller o
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
@@ -48,8 +48,7 @@ class _BoundedSchema(GenerateJsonSchema):
 SourceKind = Literal["mcp", "approval", "feature", "chat", "web"]
 
 
-@dataclass(frozen=True, slots=True)
-class Source:
+class Source(msgspec.Struct, frozen=True):
     """Where a call comes from: stamped by the system, never by the caller; the audit log shows it
     as `mcp`, `approval`, `chat`, `web` (a person's page) or `feature:<id>`."""
 
@@ -76,8 +75,7 @@ def feature_source(feature_id: str) -> Source:
     return Source("feature", feature_id)
 
 
-@dataclass(frozen=True, slots=True)
-class ToolContext:
+class ToolContext(msgspec.Struct, frozen=True):
     """What a handler knows about the call besides its arguments."""
 
     actor: Actor
@@ -109,8 +107,7 @@ arguments, derived from the frozen call (the branch a run is on, whether a varia
 Called only when a rule for the call tests one of these names; it reads, it never writes."""
 
 
-@dataclass(frozen=True, slots=True)
-class Fact:
+class Fact(msgspec.Struct, frozen=True):
     """A value policy rules may test (`when = { NAME = … }`) that is not an argument as typed:
     derived after freezing, or replacing an argument by its resolved form (a workflow id → name)."""
 
@@ -119,8 +116,7 @@ class Fact:
     description: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class Tool:
+class Tool(msgspec.Struct, frozen=True, kw_only=True, dict=True):  # a __dict__ for the cached schemas
     """A tool as the gate serves it: its name, scope, input model, handler and effects."""
     name: str
     description: str
@@ -142,7 +138,7 @@ class Tool:
     """The arguments `freeze` always fills in. An approved proposal whose arguments lack one was
     never frozen, and is refused rather than run."""
     facts: FactFinder | None = None
-    fact_fields: Mapping[str, Fact] = field(default_factory=dict)
+    fact_fields: Mapping[str, Fact] = msgspec.field(default_factory=dict)
     """What `facts` returns, by name: rules see these (a fact named like an argument replaces it)."""
     secret_arguments: SecretArguments | None = None
     """Which arguments of a (frozen) call carry a secret value: never shown."""

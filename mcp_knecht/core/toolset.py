@@ -62,8 +62,9 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.changes import ChangeFeed, Wakeups
@@ -130,8 +131,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Toolset:
+class Toolset(msgspec.Struct, frozen=True, kw_only=True):
     """What a toolset plugs into the registry: its tools, prompts and instructions."""
     name: str
     tools: Sequence[Tool] = ()
@@ -146,8 +146,7 @@ class Toolset:
     """Release what the toolset opened (connections to other databases); called at shutdown."""
 
 
-@dataclass(frozen=True)
-class ToolsetContext:
+class ToolsetContext(msgspec.Struct, frozen=True):
     """What a toolset factory is given by the server that loads it."""
 
     store: Database

@@ -26,9 +26,10 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.core.database_url import dialect_of, normalise, sqlite_path
 from mcp_knecht.errors import ConfigError
@@ -42,15 +43,13 @@ _ENTITY_KEYS = {"database", "database_env", "table", "schema", "primary_key", "d
 _ROLE_KEYS = {"read", "write", "delete"}
 
 
-@dataclass(frozen=True)
-class RoleMask:
+class RoleMask(msgspec.Struct, frozen=True):
     read: frozenset[str]
     write: frozenset[str]
     delete: bool = False
 
 
-@dataclass(frozen=True)
-class EntitySpec:
+class EntitySpec(msgspec.Struct, frozen=True):
     name: str
     database_url: str
     table: str
@@ -76,8 +75,7 @@ class EntitySpec:
         return f"{self.name}:write"
 
 
-@dataclass(frozen=True)
-class Declaration:
+class Declaration(msgspec.Struct, frozen=True):
     path: Path
     role_claim: str
     default_role: str | None

@@ -11,15 +11,14 @@ declare, may do nothing with the entity.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.entities.declaration import Declaration, EntitySpec
 from mcp_knecht.errors import PolicyDeniedError
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(msgspec.Struct, frozen=True):
     role: str
     read: tuple[str, ...]
     """Readable fields, in declaration order (the primary key first)."""

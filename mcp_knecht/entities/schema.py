@@ -8,9 +8,10 @@ the table through the connection's `search_path` (or the declared `schema`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import msgspec
 
 from mcp_knecht.core.database import Database
 from mcp_knecht.entities.declaration import EntitySpec
@@ -26,16 +27,14 @@ Kind = Literal["integer", "number", "boolean", "text", "other", "any"]
 written as text and cast by the database; `any` (SQLite columns without a type) takes any scalar."""
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(msgspec.Struct, frozen=True):
     name: str
     kind: Kind
     cast: str | None = None
     """PostgreSQL: the column's type without modifiers, to cast a text parameter to."""
 
 
-@dataclass(frozen=True)
-class Table:
+class Table(msgspec.Struct, frozen=True):
     columns: Mapping[str, Column]
 
     def kind(self, name: str) -> Kind:

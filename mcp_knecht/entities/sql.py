@@ -13,8 +13,9 @@ import datetime as dt
 import decimal
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from mcp_knecht.entities.schema import Table, quote
 
@@ -41,8 +42,7 @@ def json_value(value: Any) -> Any:
     return str(value)
 
 
-@dataclass(frozen=True)
-class Statements:
+class Statements(msgspec.Struct, frozen=True):
     entity: EntitySpec
     table: Table
     dialect: str

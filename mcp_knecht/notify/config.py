@@ -38,12 +38,14 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import msgspec
+
+from mcp_knecht.core.hidden_repr import repr_without
 from mcp_knecht.core.settings import WEBHOOK_SECRET, WEBHOOK_URL, Settings
 from mcp_knecht.errors import ConfigError, UsageError
 
@@ -64,13 +66,15 @@ _SECRET_QUERY = re.compile(r"^(?:pass(?:word)?|pwd|secret|\w*token|api_?key|key|
 # --- what comes from the environment (read by the settings module) -------------------------------
 
 
-@dataclass(frozen=True)
-class NotifyEnvironment:
+class NotifyEnvironment(msgspec.Struct, frozen=True):
     """What `[notify]` may take from the environment: the webhook's URL and secret, `${NAME}` values."""
-    webhook_url: str | None = field(default=None, repr=False)
-    webhook_secret: str | None = field(default=None, repr=False)
-    values: Mapping[str, str] = field(default_factory=dict, repr=False)
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    values: Mapping[str, str] = msgspec.field(default_factory=dict)
     """Every variable, for `${NAME}` in channel URLs."""
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("webhook_url", "webhook_secret", "values"))
 
 
 def notify_environment(settings: Settings) -> NotifyEnvironment:
@@ -83,8 +87,7 @@ def notify_environment(settings: Settings) -> NotifyEnvironment:
 # --- the configuration ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(msgspec.Struct, frozen=True):
     """How deliveries are attempted: timeout, retries with backoff, and how long rows are kept."""
     timeout: float = 10.0
     max_attempts: int = 10
@@ -98,37 +101,39 @@ class Delivery:
         return float(min(self.max_backoff, self.backoff * 2 ** max(0, attempts - 1)))
 
 
-@dataclass(frozen=True)
-class Channel:
+class Channel(msgspec.Struct, frozen=True):
     """A named destination of messages (a chat or webhook URL)."""
     name: str
-    url: str = field(repr=False)
+    url: str
     """With the variables filled in: secret. Never stored, logged or shown."""
-    secrets: tuple[str, ...] = field(default=(), repr=False)
+    secrets: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("url", "secrets"))
 
 
-@dataclass(frozen=True)
-class Webhook:
+class Webhook(msgspec.Struct, frozen=True):
     """The signed webhook every event goes to, when configured."""
-    url: str = field(repr=False)
-    secret: str = field(repr=False)
+    url: str
+    secret: str
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("url", "secret"))
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(msgspec.Struct, frozen=True):
     """Where one event goes, and the setting that sent it there."""
     destinations: tuple[str, ...]
     because: str
     """Which setting chose them, e.g. `notify.tools.rerun_run` (decisions are data)."""
 
 
-@dataclass(frozen=True)
-class Routes:
+class Routes(msgspec.Struct, frozen=True):
     """Which channels hear of what: pending proposals (per tool or rule, else `pending`), the rest `proposer`."""
     pending: tuple[str, ...] = ()
     proposer: tuple[str, ...] = ()
-    tools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    rules: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    tools: Mapping[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    rules: Mapping[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
     """Per policy rule (keyed by the proposal's `rule`), the most specific route of all: the
     policy's `[[rules]]` fill it once they carry channels; nothing sets it yet."""
 
@@ -144,12 +149,11 @@ class Routes:
         return Route(self.pending, "notify.pending")
 
 
-@dataclass(frozen=True)
-class NotifyConfig:
+class NotifyConfig(msgspec.Struct, frozen=True):
     """The checked `[notify]` configuration: channels, routes and delivery settings."""
-    channels: Mapping[str, Channel] = field(default_factory=dict)
-    routes: Routes = field(default_factory=Routes)
-    delivery: Delivery = field(default_factory=Delivery)
+    channels: Mapping[str, Channel] = msgspec.field(default_factory=dict)
+    routes: Routes = msgspec.field(default_factory=Routes)
+    delivery: Delivery = msgspec.field(default_factory=Delivery)
     public_url: str | None = None
     webhook: Webhook | None = None
     source: str = "(defaults)"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
+
+import msgspec
 
 from mcp_knecht.notify.events import DECIDED, EXECUTED, EXPIRED, FAILED, PENDING
 
@@ -17,8 +18,7 @@ Severity = Literal["info", "success", "warning", "failure"]
 TEST_EVENT = "notify.test"
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(msgspec.Struct, frozen=True):
     """An event rendered for people: a title and a body, with the event's stable id."""
     uid: str
     """The event's stable id: the webhook's `webhook-id`, the same on every retry (receivers dedupe on it)."""

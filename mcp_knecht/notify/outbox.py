@@ -21,9 +21,10 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.clock import timestamp
@@ -112,8 +113,7 @@ async def route(db: Database, router: Router, *, limit: int = ROUTE_BATCH) -> in
 # --- claiming and recording ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
+class Claimed(msgspec.Struct, frozen=True):
     """A delivery this worker leased, to attempt now."""
     id: int
     destination: str
@@ -167,8 +167,7 @@ async def take(db: Database, router: Router, worker: str, *, lease: float, limit
         return await _claim(tx, db, worker, lease, limit) if limit > 0 else []
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """How one delivery attempt ended: delivered, retried later, or given up."""
     delivery_id: int
     error: str | None = None
@@ -213,8 +212,7 @@ async def release(db: Database, worker: str) -> int:
 # --- looking -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Due:
+class Due(msgspec.Struct, frozen=True):
     """Whether the outbox has work now, and else when it next will."""
     now: bool
     """Something is unrouted, or a delivery is due (new, retry, or a lease that ran out)."""
@@ -244,8 +242,7 @@ async def purge(db: Database, *, older_than: float) -> int:
             "  AND d.status IN ('pending', 'delivering'))", (later(-older_than),))
 
 
-@dataclass(frozen=True)
-class OutboxStatus:
+class OutboxStatus(msgspec.Struct, frozen=True):
     """The outbox at a glance, for `mcp-knecht notify status`."""
     unrouted: int
     counts: list[Row]

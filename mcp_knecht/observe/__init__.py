@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from mcp_knecht.core.audit import AuditEntry, Observer
 from mcp_knecht.core.settings import LogFormat, Settings
@@ -38,12 +39,11 @@ __all__ = ["Telemetry", "build_telemetry"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Telemetry:
+class Telemetry(msgspec.Struct):
     """Metrics and tracing as configured, and the observers that feed them."""
     metrics: Metrics | None = None
     tracing: Tracing | None = None
-    observers: list[Observer] = field(default_factory=list)
+    observers: list[Observer] = msgspec.field(default_factory=list)
 
     @property
     def observe(self) -> Observer | None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 
+import msgspec
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -65,11 +65,10 @@ FROM proposals WHERE status = 'pending' AND expires_at <= ?
 """
 
 
-@dataclass
-class _StoreSnapshot:
+class _StoreSnapshot(msgspec.Struct):
     """What the last scrape read from the store (collectors are synchronous, the store is not)."""
 
-    by_status: dict[str, int] = field(default_factory=dict)
+    by_status: dict[str, int] = msgspec.field(default_factory=dict)
     oldest_pending: str | None = None
     ok: bool = False
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from mcp_knecht import __version__
 from mcp_knecht.core.audit import AuditEntry
@@ -48,8 +49,7 @@ def exporters_configured(env: Mapping[str, str]) -> tuple[str, ...]:
     return ("otlp",) if any(env.get(name, "").strip() for name in _ENDPOINTS) else ()
 
 
-@dataclass
-class Tracing:
+class Tracing(msgspec.Struct):
     """The OpenTelemetry tracer gate outcomes become spans of."""
     tracer: Tracer
     shutdown: Callable[[], None]

@@ -22,10 +22,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 
 from mcp_knecht.core.audit import AuditEntry, PendingEntry
 from mcp_knecht.core.canonical import sha256_hex
@@ -80,8 +80,7 @@ def _row_fields(entry: AuditEntry, row_id: int) -> dict[str, Any]:
     return fields
 
 
-@dataclass(frozen=True)
-class Anchor:
+class Anchor(msgspec.Struct, frozen=True):
     """A signed checkpoint of the audit chain: its length and head when it was taken."""
     row_count: int
     head_id: int
@@ -93,8 +92,7 @@ class Anchor:
         return f"{self.row_count}:{self.head_id}:{self.head_hash}:{self.keyed_from}"
 
 
-@dataclass(frozen=True)
-class ChainProblem:
+class ChainProblem(msgspec.Struct, frozen=True):
     """A row of the audit log whose link does not hold, and what is wrong with it."""
     id: int
     problem: str

@@ -17,8 +17,9 @@ import builtins
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry

@@ -8,9 +8,9 @@ definition with one action opened.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
@@ -116,8 +116,7 @@ async def run_page(view: View) -> Response:
 # --- a workflow ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(msgspec.Struct, frozen=True):
     name: str | None
     """The action's name; None for the lines around the actions."""
     lines: list[tuple[int, str]]

@@ -13,9 +13,10 @@ that has none. The card's four states are rendered from such dicts alone.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+import msgspec
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
@@ -49,14 +50,12 @@ def diagnosis_source(app: App) -> DiagnosisSource:
     return source
 
 
-@dataclass(frozen=True)
-class ActionButton:
+class ActionButton(msgspec.Struct, frozen=True):
     label: str
     href: str
 
 
-@dataclass(frozen=True)
-class DiagnosisCard:
+class DiagnosisCard(msgspec.Struct, frozen=True):
     state: str
     """One of `STATES`."""
     text: str

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -37,14 +37,13 @@ CHAT_SCOPE = "ai:chat"
 MAX_FORM_BYTES = 65_536
 
 
-@dataclass
-class View:
+class View(msgspec.Struct):
     """One request to a page: the request, and the session behind it (None on public pages)."""
 
     request: Request
     session: Session | None
     web: Web
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def actor(self) -> Actor:
@@ -88,14 +87,13 @@ class View:
 PageHandler = Callable[[View], Awaitable[Response]]
 
 
-@dataclass
-class Web:
+class Web(msgspec.Struct):
     app: App
     verifier: TokenVerifier
     sessions: Sessions
     links: LoginLinks
     diagnosis: DiagnosisSource
-    renderer: Renderer = field(default_factory=Renderer)
+    renderer: Renderer = msgspec.field(default_factory=Renderer)
 
     def page(self, handler: PageHandler, *, public: bool = False) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

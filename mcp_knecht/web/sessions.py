@@ -21,10 +21,10 @@ import binascii
 import hmac
 import json
 import secrets
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -41,8 +41,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _MAX_COOKIE = 4096
 
 
-@dataclass(frozen=True)
-class Session:
+class Session(msgspec.Struct, frozen=True):
     id: str
     subject: str
     scopes: frozenset[str]

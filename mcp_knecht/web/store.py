@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import anyio
+import msgspec
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.canonical import canonical_json
@@ -53,8 +53,7 @@ class WebSchema:
         return self._db
 
 
-@dataclass(frozen=True)
-class Grant:
+class Grant(msgspec.Struct, frozen=True):
     """What a redeemed link (or a verified token) grants a new session."""
 
     subject: str

@@ -6,12 +6,14 @@ Each key kind brings its own algorithm allow-list, so `alg: none` and HS/RS key 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+import msgspec
+
 from mcp_knecht.core import settings as declared
+from mcp_knecht.core.hidden_repr import repr_without
 from mcp_knecht.core.secret_file import create_secret_file, read_secret_file
 from mcp_knecht.core.settings import DEFAULT_AUDIENCE, DEFAULT_ISSUER, Settings
 from mcp_knecht.errors import ConfigError
@@ -48,11 +50,10 @@ ASYMMETRIC_ALGORITHMS: tuple[str, ...] = (
 _EC_ALGORITHM_BY_CURVE = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
 
 
-@dataclass(frozen=True, slots=True)
-class TokenSettings:
+class TokenSettings(msgspec.Struct, frozen=True):
     """How tokens are verified (and, with a secret, minted). Exactly one key kind is set."""
 
-    secret: str | None = field(default=None, repr=False)
+    secret: str | None = None
     public_key_path: Path | None = None
     jwks_url: str | None = None
     issuer: str = DEFAULT_ISSUER
@@ -61,6 +62,9 @@ class TokenSettings:
     # Set when the secret is the generated dev secret, so the CLI can say where it lives.
     dev_secret_path: Path | None = None
     dev_secret_created: bool = False
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("secret",))
 
     def __post_init__(self) -> None:
         configured = [

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+import msgspec
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.database import Database
@@ -42,8 +43,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class DemoSummary:
+class DemoSummary(msgspec.Struct, frozen=True):
     projects: int
     workflows: int
     workflow_versions: int
@@ -52,7 +52,7 @@ class DemoSummary:
     actions: int
     log_lines: int
     failure_kinds: tuple[str, ...]
-    example_failed_runs: dict[str, int] = field(default_factory=dict)
+    example_failed_runs: dict[str, int] = msgspec.field(default_factory=dict)
     """The first failed run id of each failure kind: handy starting points for a demo."""
     big_log: tuple[int, int, int] | None = None
     """(run id, action id, lines) of the very large action log made by `log_mb`, if any."""

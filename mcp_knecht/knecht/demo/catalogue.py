@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 import random
 import string
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+import msgspec
 
 from mcp_knecht.core.database import Transaction
 from mcp_knecht.knecht.demo.common import SPAN, USERS, _iso, _sha, _token
 from mcp_knecht.knecht.demo.stacks import GO, NODE, PYTHON, RUST, TERRAFORM, _Stack
 
 
-@dataclass(frozen=True)
-class _ProjectSpec:
+class _ProjectSpec(msgspec.Struct, frozen=True):
     slug: str
     name: str
     description: str
@@ -154,8 +154,7 @@ def _workflow_yaml(name: str, version: int, stack: _Stack, slug: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class _Project:
+class _Project(msgspec.Struct):
     id: int
     spec: _ProjectSpec
     branches: list[tuple[str, str]]

@@ -3,11 +3,10 @@ their logs (`{slug}` and `{sha7}` are filled in per project and commit)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 
-@dataclass(frozen=True)
-class _Stack:
+class _Stack(msgspec.Struct, frozen=True):
     """What differs between languages: commands, and how success and failure read in the logs."""
 
     install: str
