@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from pydantic.json_schema import GenerateJsonSchema
 
 from mcp_knecht import testing
 from mcp_knecht.app import App
+from mcp_knecht.core.tools import _BoundedSchema
 from mcp_knecht.core.validation import MAX_INT
 from mcp_knecht.store.audit_log import verify_chain
 from tests.conftest import READONLY, server_env
@@ -117,6 +119,21 @@ async def test_integers_beyond_64_bits_are_validation_errors(kn: Knecht) -> None
     schema = next(t for t in kn.app.registry if t.name == "get_run").input_schema
     assert schema["properties"]["run_id"]["maximum"] == MAX_INT
     assert [r["outcome"] for r in (await _audited(kn.app))[-4:]] == ["invalid"] * 4
+
+
+async def test_published_schemas_give_every_default_as_pydantic_would_encode_it(kn: Knecht) -> None:
+    """The schema generator writes JSON scalars as their own default, sparing pydantic a TypeAdapter
+    each; every tool's input schema is still exactly the one pydantic's own encoding gives."""
+
+    class PydanticDefaults(_BoundedSchema):
+        def encode_default(self, dft: Any) -> Any:
+            return GenerateJsonSchema.encode_default(self, dft)
+
+    defaults = 0
+    for tool in kn.app.registry:
+        assert tool.input_schema == tool.input_model.model_json_schema(schema_generator=PydanticDefaults), tool.name
+        defaults += sum("default" in prop for prop in tool.input_schema.get("properties", {}).values())
+    assert defaults >= 10
 
 
 async def test_search_strings_cannot_contain_nul(kn: Knecht) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +29,8 @@ def _diffs(arguments: dict[str, Any], preview: dict[str, Any] | None) -> list[st
     """A unified diff for every multi-line text the call would replace (a definition, say)."""
     if not preview:
         return []
+    import difflib  # only for a proposal's details: not on every start's path
+
     out = []
     for key, new in arguments.items():
         old = preview.get(key)

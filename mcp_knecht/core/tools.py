@@ -44,6 +44,13 @@ class _BoundedSchema(GenerateJsonSchema):
         json_schema.setdefault("maxLength", MAX_STRING_LENGTH)
         return json_schema
 
+    def encode_default(self, dft: Any) -> Any:
+        # A JSON scalar is its own encoding; pydantic would build a TypeAdapter for each such default
+        # to find that out, on every cold start's first `tools/list`.
+        if dft is None or type(dft) in (str, int, bool):
+            return dft
+        return super().encode_default(dft)
+
 
 SourceKind = Literal["mcp", "approval", "feature", "chat", "web"]
 

@@ -7,7 +7,6 @@ against: a change made in between is refused, never overwritten.
 
 from __future__ import annotations
 
-import difflib
 import json
 from typing import Any, Literal
 
@@ -335,6 +334,8 @@ async def definition_diff(db: Database, workflow: Row, base_version: int, defini
         (workflow["id"], base_version),
     )
     old = stored["definition"] if stored else ""
+    import difflib  # only for a preview: not on every start's path
+
     diff = difflib.unified_diff(
         old.splitlines(keepends=True), definition.splitlines(keepends=True),
         fromfile=f"{workflow['path']} (version {base_version})",
