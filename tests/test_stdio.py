@@ -102,3 +102,32 @@ def test_a_stdio_server_with_a_secret_loads_pyjwt_without_cryptography(demo_env:
     assert serve(token).stderr.strip().splitlines()[-1] == "0 False False"
     forged = serve(token[:-4] + "AAAA")
     assert "refused" in forged.stderr and forged.stderr.strip().splitlines()[-1].startswith("2 ")
+
+
+_SERVE_TO_A_TOOLS_LIST_THEN_REPORT = """
+import sys
+from mcp_knecht.cli.main import main
+code = main(["serve"])  # answers the requests on stdin, then stops at EOF
+print(code, *(name in sys.modules for name in ("re2", "difflib")), file=sys.stderr)
+"""
+
+
+def test_a_stdio_start_to_its_first_tools_list_loads_neither_re2_nor_difflib(demo_env: dict[str, str],
+                                                                           mint: Callable[..., str]) -> None:
+    """A cold start loads what it needs before it answers, not what the first call might: RE2 comes
+    with the first text the scrubber scans, difflib with the first diff a preview shows."""
+    import json
+    import sys
+
+    requests = "".join(json.dumps(message) + "\n" for message in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    ))
+    done = subprocess.run([sys.executable, "-c", _SERVE_TO_A_TOOLS_LIST_THEN_REPORT], input=requests, text=True,
+                          env=server_env(demo_env, KNECHT_TOKEN=mint("dave", ["projects:read"])),
+                          capture_output=True, timeout=60)
+    listed = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert [tool["name"] for tool in listed[-1]["result"]["tools"]] == ["list_projects", "get_project"]
+    assert done.stderr.strip().splitlines()[-1] == "0 False False"

@@ -53,7 +53,6 @@ from typing import Any
 
 import msgspec
 import orjson
-import re2  # type: ignore[import-untyped]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +128,8 @@ def _prefilter(literals: Iterable[str]) -> Any:
     8 MB of automaton, and every change of the secret values makes a new one (a soak grew the
     server by 150 MB in ten minutes). Only the current scrubber's automaton lives. RE2 does not log:
     should a search outgrow its memory it falls back to a slower engine, with the same answer."""
+    import re2  # type: ignore[import-untyped]  # with the first automaton: a cold start needs none
+
     options = re2.Options()
     options.log_errors = False
     try:
@@ -222,6 +223,9 @@ class Masked:
         self.value = value
 
 
+_UNBUILT: Any = object()
+
+
 class Scrubber:
     """`scrubber(text) -> text` with secrets masked. Immutable: `with_literals` returns a new one."""
 
@@ -240,7 +244,7 @@ class Scrubber:
                        reverse=True)) + r")(?![0-9A-Za-z])")
             if self._short else None
         )
-        self._prefilter = _prefilter(values)
+        self._prefilter: Any = _UNBUILT  # built by the first text to scan (`_automaton`)
 
     @property
     def literals(self) -> frozenset[str]:
@@ -276,15 +280,22 @@ class Scrubber:
             return text
         return self._masked(text, keep)
 
+    def _automaton(self) -> Any:
+        """The prefilter, built on first use: a start that scans no text pays neither it nor RE2."""
+        if (prefilter := self._prefilter) is _UNBUILT:
+            prefilter = self._prefilter = _prefilter(self._literals)
+        return prefilter
+
     def _clean(self, text: str) -> bool:
         """True when the prefilter proves nothing in `text` could be masked."""
-        if self._prefilter is None:
+        prefilter = self._automaton()
+        if prefilter is None:
             return False
         try:
             encoded = text.encode()
         except UnicodeEncodeError:  # a lone surrogate: the precise checks look
             return False
-        return self._prefilter.search(encoded) is None
+        return prefilter.search(encoded) is None
 
     def _masked(self, text: str, keep: frozenset[str]) -> str:
         """`text` with every secret masked: the precise checks, each on the whole text."""
@@ -321,7 +332,8 @@ class Scrubber:
             encoded = orjson.dumps(value, option=_PLAIN_ONLY)
         except (TypeError, RecursionError):
             return None  # not plain JSON (a model, `Masked`, a lone surrogate, a cycle): walked instead
-        if self._prefilter is not None and self._prefilter.search(encoded) is None:
+        prefilter = self._automaton()
+        if prefilter is not None and prefilter.search(encoded) is None:
             return encoded.decode()
         return self._plain_text(encoded.decode())
 
