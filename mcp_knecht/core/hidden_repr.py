@@ -1,8 +1,9 @@
 """A repr that leaves secrets out.
 
-Value objects are msgspec Structs (created in C: the stdlib's dataclasses compile six methods per
-frozen class, a third of a cold start's extra instructions), and Structs have no per-field
-`repr=False`. A class holding a secret defines `__repr__` with this.
+Value objects are msgspec Structs, created in C: Python 3.11's dataclasses compile each of a frozen
+class's six methods with an `exec` of its own, which was over half of what a cold start spent beyond
+a bare SDK server's (README, "Performance"). Structs have no per-field `repr=False`: a class holding
+a secret defines `__repr__` with this.
 """
 
 from __future__ import annotations
