@@ -9,7 +9,8 @@ compiles each class's methods at import; pydantic builds a validator and seriali
 The program runs as itself (same argv, stdin, stdout); when it exits, OUT.json gets, per kind and
 per owner ("ours" = mcp_knecht, "others"), how many classes were created and the milliseconds
 spent (a model created while another is being built counts as the outer one's), and how long the
-process ran.
+process ran. Our own value objects are msgspec Structs, created in C and not timed here: since
+2026-12-06 "dataclass ours" is 0 (it was 24–101 ms of a start).
 """
 
 from __future__ import annotations
