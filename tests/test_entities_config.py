@@ -145,6 +145,9 @@ async def test_the_shipped_example_config_starts(env: dict[str, str], tmp_path: 
     async with entity_app(entity_env(env, example)) as app:
         names = {tool.name for tool in app.registry}
         assert {"query_users", "update_users", "query_orders", "delete_orders"} <= names
+        # Made from the configuration, every entity model is built with the start (a mistake fails it).
+        made = [t.input_model for t in app.registry if t.input_model.__module__ == "mcp_knecht.entities.models"]
+        assert len(made) >= 4 and all(model.__pydantic_complete__ for model in made)
         async with client_for(app, actor("support")) as client:
             assert [r["username"] for r in await rows(client, "query_users", {})] == ["ada", "linus", "grace"]
 

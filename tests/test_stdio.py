@@ -108,14 +108,18 @@ _SERVE_TO_A_TOOLS_LIST_THEN_REPORT = """
 import sys
 from mcp_knecht.cli.main import main
 code = main(["serve"])  # answers the requests on stdin, then stops at EOF
-print(code, *(name in sys.modules for name in ("re2", "difflib")), file=sys.stderr)
+from mcp_knecht.knecht.projects import ListProjectsInput
+from mcp_knecht.knecht.runs import RerunRunInput
+print(code, *(name in sys.modules for name in ("re2", "difflib")), ListProjectsInput.__pydantic_complete__,
+      RerunRunInput.__pydantic_complete__, file=sys.stderr)
 """
 
 
-def test_a_stdio_start_to_its_first_tools_list_loads_neither_re2_nor_difflib(demo_env: dict[str, str],
-                                                                           mint: Callable[..., str]) -> None:
+def test_a_stdio_start_to_its_first_tools_list_loads_and_builds_only_what_it_answers_with(
+        demo_env: dict[str, str], mint: Callable[..., str]) -> None:
     """A cold start loads what it needs before it answers, not what the first call might: RE2 comes
-    with the first text the scrubber scans, difflib with the first diff a preview shows."""
+    with the first text the scrubber scans, difflib with the first diff a preview shows, and a tool's
+    input model is built when it is listed (or called), not for a tool this token never sees."""
     import json
     import sys
 
@@ -125,9 +129,17 @@ def test_a_stdio_start_to_its_first_tools_list_loads_neither_re2_nor_difflib(dem
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ))
-    done = subprocess.run([sys.executable, "-c", _SERVE_TO_A_TOOLS_LIST_THEN_REPORT], input=requests, text=True,
-                          env=server_env(demo_env, KNECHT_TOKEN=mint("dave", ["projects:read"])),
-                          capture_output=True, timeout=60)
-    listed = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    assert [tool["name"] for tool in listed[-1]["result"]["tools"]] == ["list_projects", "get_project"]
-    assert done.stderr.strip().splitlines()[-1] == "0 False False"
+    server = subprocess.Popen([sys.executable, "-c", _SERVE_TO_A_TOOLS_LIST_THEN_REPORT], text=True,
+                              env=server_env(demo_env, KNECHT_TOKEN=mint("dave", ["projects:read"])),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(requests)
+    server.stdin.flush()
+    listed = None  # stdin stays open until the listing came: at EOF a stdio server stops answering
+    while listed is None and (line := server.stdout.readline()):
+        if (message := json.loads(line)).get("id") == 2:
+            listed = message
+    _, stderr = server.communicate(timeout=60)
+    assert listed is not None, stderr
+    assert [tool["name"] for tool in listed["result"]["tools"]] == ["list_projects", "get_project"]
+    assert stderr.strip().splitlines()[-1] == "0 False False True False"

@@ -22,9 +22,13 @@ Effect = Literal["read", "write"]
 
 
 class ToolInput(BaseModel):
-    """Base for input models: unknown fields are refused, types are not coerced."""
+    """Base for input models: unknown fields are refused, types are not coerced.
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    Each builds its validator with its first use (its first call, or the first `tools/list` that
+    shows it): a cold start builds only the models it lists. A model made from configuration is
+    built at once (`entities.models`), so what the configuration gets wrong fails the start."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 class _BoundedSchema(GenerateJsonSchema):

@@ -32,7 +32,9 @@ def _names(fields: tuple[str, ...]) -> Any:
 
 
 def _model(name: str, **fields: Any) -> type[BaseModel]:
-    return create_model(name, __base__=ToolInput, **fields)
+    model = create_model(name, __base__=ToolInput, **fields)
+    model.model_rebuild(force=True)  # made from the configuration: built now, so a mistake fails the start
+    return model
 
 
 def _title(entity: EntitySpec) -> str:
