@@ -10,7 +10,7 @@ The program runs as itself (same argv, stdin, stdout); when it exits, OUT.json g
 per owner ("ours" = mcp_knecht, "others"), how many classes were created and the milliseconds
 spent (a model created while another is being built counts as the outer one's), and how long the
 process ran. Our own value objects are msgspec Structs, created in C and not timed here: since
-2026-12-06 "dataclass ours" is 0 (it was 24–101 ms of a start).
+2026-12-06 "dataclass ours" is 0 (it was 24 to 101 ms of a start).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp, timestamp_ns
 from mcp_knecht.core.keys import ServerKeys
-from mcp_knecht.core.proposals import Approval, NewProposal
+from mcp_knecht.core.proposals import Approval, NewProposal, Turn
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.errors import StoreError
 from mcp_knecht.knecht import MIGRATIONS as KNECHT_MIGRATIONS
@@ -26,7 +26,13 @@ from mcp_knecht.store import Database, open_database
 from mcp_knecht.store.audit_log import AuditChain, AuditLog, verify_chain
 from mcp_knecht.store.changes import open_change_feed
 from mcp_knecht.store.migrations import STORE_MIGRATIONS, apply_migrations
-from mcp_knecht.store.postgresql import lock_key, split_url, translate_placeholders
+from mcp_knecht.store.postgresql import (
+    PostgresDatabase,
+    _reset_on_release,
+    lock_key,
+    split_url,
+    translate_placeholders,
+)
 from mcp_knecht.store.proposals import SqlProposalRepository
 
 CHAIN = AuditChain(ServerKeys(b"test-server-key-" * 4))
@@ -144,6 +150,30 @@ async def test_a_postgresql_transaction_a_statement_failed_in_never_says_it_comm
     async with db.transaction() as tx:  # the connection went back to the pool clean
         await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 100))
     assert await db.fetch_all("SELECT * FROM ledger") == [{"code": "a", "amount": 100}]
+
+
+async def test_writes_sent_with_a_statement_land_with_it_or_not_at_all(db: Database) -> None:
+    async with db.transaction() as tx:
+        await tx.execute("CREATE TABLE ledger (code TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+        await tx.execute("CREATE TABLE journal (note TEXT NOT NULL)")
+        await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 100))
+    async with db.transaction() as tx:
+        changed = await tx.fetch_all_with(
+            [("INSERT INTO journal (note) VALUES (?)", ("a +5",)), ("INSERT INTO journal (note) VALUES (?)", ("?",))],
+            "UPDATE ledger SET amount = amount + ? WHERE code = ? RETURNING code, amount", (5, "a"))
+    assert changed == [{"code": "a", "amount": 105}]
+    assert await db.fetch_all("SELECT note FROM journal ORDER BY note") == [{"note": "?"}, {"note": "a +5"}]
+
+    with pytest.raises(StoreError):  # the statement fails: its writes are gone with it
+        async with db.transaction() as tx:
+            await tx.fetch_all_with([("INSERT INTO journal (note) VALUES (?)", ("lost",))],
+                                    "INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 1))
+    with pytest.raises(StoreError):  # a write fails: the statement is gone with it
+        async with db.transaction() as tx:
+            await tx.fetch_all_with([("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 1))],
+                                    "UPDATE ledger SET amount = 0 RETURNING code")
+    assert await db.fetch_all("SELECT code, amount FROM ledger") == [{"code": "a", "amount": 105}]
+    assert len(await db.fetch_all("SELECT note FROM journal")) == 2
 
 
 async def test_a_lookup_sees_what_is_committed_and_nothing_of_a_transaction_in_flight(db: Database) -> None:
@@ -265,6 +295,28 @@ async def _approve(repo: SqlProposalRepository, proposal_id: int, operator: str)
                                     audit=lambda counted, done: _decision("approved", operator))).outcome
 
 
+async def test_a_turn_had_at_once_hands_over_what_it_read_where_other_processes_do_not_queue_on_it(
+    db: Database,
+) -> None:
+    """On PostgreSQL every racing process gets past the turn and reads the whole proposal anyway: the turn
+    reads it at once, and the decision need not read it again. On SQLite most of them wait on the turn,
+    and one short row tells them; a proposal read before a wait may be stale, so it is never handed on."""
+    repo = SqlProposalRepository(db, CHAIN)
+    proposal_id = await _create(repo, 1)
+    handed: list[object] = []
+
+    async def queued() -> None:
+        async with repo.turn(proposal_id) as turn:
+            handed.append(turn)
+
+    async with anyio.create_task_group() as tasks, repo.turn(proposal_id) as first:
+        tasks.start_soon(queued)
+        await anyio.sleep(0.05)  # the second is queued behind this one now
+    assert first.ours and handed == [Turn(True)]
+    assert db.turn_spans_processes == (db.dialect == "sqlite")
+    assert first.proposal == (None if db.turn_spans_processes else await repo.get(proposal_id))
+
+
 async def test_exactly_one_of_racing_claims_wins(db: Database) -> None:
     stores = [db, *[await open_database(db.url) for _ in range(3)]]
     repos = [SqlProposalRepository(s, CHAIN) for s in stores]
@@ -337,6 +389,88 @@ async def test_driver_errors_become_store_errors(pg_url: str) -> None:
         await store.close()
     with pytest.raises(StoreError, match="Cannot connect to PostgreSQL"):
         await open_database("postgresql://nobody:secret@127.0.0.1:1/none")
+
+
+async def test_a_postgresql_transaction_sends_begin_and_writes_with_the_next_statement(pg_url: str) -> None:
+    """One round trip fewer where a transaction starts with a lock (a claim, a staged proposal, an audit
+    flush): BEGIN goes out in the lock's message; a transaction that runs nothing sends nothing. Writes
+    sent with a statement (an approval with its claim, an audit row with the chain's head) are one."""
+    import asyncpg
+
+    sent: list[str] = []
+
+    async def log_queries(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda logged: sent.append(logged.query))
+
+    # The store's own pool, as `PostgresDatabase.open` makes it, with every query logged.
+    pool = await asyncpg.create_pool(split_url(pg_url)[0], min_size=1, max_size=1, init=log_queries,
+                                     reset=_reset_on_release)
+    store = PostgresDatabase(pg_url, pool)
+    try:
+        async with store.transaction() as tx:
+            await tx.execute("CREATE TABLE ledger (code TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+        assert sent == ["BEGIN", "CREATE TABLE ledger (code TEXT PRIMARY KEY, amount INTEGER NOT NULL)", "COMMIT"]
+
+        sent.clear()
+        async with store.transaction() as tx:
+            await tx.lock("ledger")
+            await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("a", 100))
+            await tx.lock("ledger:a")
+            await tx.fetch_all_with([("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("c", 1))],
+                                    "UPDATE ledger SET amount = ? WHERE code = ?", (101, "a"))
+        assert sent == [f"BEGIN; SELECT pg_advisory_xact_lock({lock_key('ledger')})",
+                        "INSERT INTO ledger (code, amount) VALUES ($1, $2)",
+                        "SELECT pg_advisory_xact_lock($1)",
+                        "WITH _w0 AS (INSERT INTO ledger (code, amount) VALUES ($1, $2))"
+                        " UPDATE ledger SET amount = $3 WHERE code = $4",
+                        "COMMIT"]
+
+        sent.clear()
+        async with store.transaction():
+            pass
+        assert sent == []
+
+        sent.clear()
+        with pytest.raises(StoreError):  # a failure after the merged BEGIN rolls back, and nothing is left
+            async with store.transaction() as tx:
+                await tx.lock("ledger")
+                await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("b", 200))
+                await tx.execute("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("b", 300))
+        assert sent[-1] == "ROLLBACK"
+        assert await store.fetch_all("SELECT code, amount FROM ledger ORDER BY code") == [
+            {"code": "a", "amount": 101}, {"code": "c", "amount": 1}]
+    finally:
+        await store.close()
+
+
+async def test_a_lock_wait_cancelled_on_postgresql_is_rolled_back_before_its_connection_goes_back(
+    pg_url: str,
+) -> None:
+    """The wait was sent with BEGIN in one message: cancelled before the server answered, the driver cannot
+    know that BEGIN ran, and the transaction is rolled back all the same (not left to the pool's reset)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(str(context.get("message"))))
+    holder, waiter = await open_database(pg_url), await open_database(pg_url)
+    try:
+        async with holder.transaction() as tx:
+            await tx.lock("cancelled-wait")
+            with anyio.move_on_after(0.3) as waited:
+                async with waiter.transaction() as other:
+                    await other.lock("cancelled-wait")
+            assert waited.cancelled_caught
+        with anyio.fail_after(5):  # the lock is free, and the waiter's store works
+            async with waiter.transaction() as other:
+                await other.lock("cancelled-wait")
+                assert await other.fetch_one("SELECT 1 AS one") == {"one": 1}
+    finally:
+        await holder.close()
+        await waiter.close()
+        loop.set_exception_handler(previous)
+    assert reported == []
 
 
 async def test_both_stores_answer_the_knecht_queries_identically(tmp_path: Any, pg_url: str) -> None:

@@ -102,7 +102,9 @@ class ApprovalService:
 
     async def checked(self, proposal_id: int, reader: str = "knecht-approve") -> Proposal:
         """The proposal, refused (and the refusal audited) when its row fails its seal."""
-        proposal = await self._proposals.get(proposal_id)
+        return await self._check(await self._proposals.get(proposal_id), proposal_id, reader)
+
+    async def _check(self, proposal: Proposal | None, proposal_id: int, reader: str = "knecht-approve") -> Proposal:
         if proposal is None:
             raise UnknownProposalError(f"Proposal #{proposal_id} does not exist.")
         if proposal.seal is not None and not self.seal_holds(proposal):
@@ -147,7 +149,9 @@ class ApprovalService:
         async with self._proposals.turn(proposal_id) as turn:
             if not turn.ours:
                 raise self._not_pending(turn.state, proposal_id)
-            proposal = await self.checked(proposal_id)
+            # What the turn read is as good as a read now: the claim's transaction checks the row again.
+            proposal = await (self._check(turn.proposal, proposal_id) if turn.proposal is not None
+                              else self.checked(proposal_id))
             result = await self._approve(proposal, operator, expect_hash)
         if result.outcome == "claimed" and result.claimed is not None:
             return await self._execute(result.claimed, operator)

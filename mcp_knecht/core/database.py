@@ -31,6 +31,12 @@ class Transaction(Protocol):
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None: ...
     async def execute(self, sql: str, params: Params = ()) -> int: ...
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None: ...
+    async def fetch_all_with(self, writes: Sequence[tuple[str, Params]], sql: str, params: Params = ()) -> list[Row]:
+        """`fetch_all(sql, params)` together with `writes` (INSERT, UPDATE or DELETE statements, with
+        their parameters), in one statement where the backend can (PostgreSQL: a WITH of data-modifying
+        statements, one round trip). Their order is not defined and none of them sees what another one
+        writes: only for statements that do not depend on each other."""
+        ...
     async def lock(self, name: str) -> None:
         """Serialise this transaction with every other one that locks `name`, across processes
         and replicas, until it ends (SQLite's write lock already does; PostgreSQL needs more)."""
@@ -54,6 +60,12 @@ class Database(Protocol):
 
         `durable`: the commit survives a power loss, not only a crash of the process (proposals and
         decisions ask for it; SQLite then syncs its WAL on this commit, PostgreSQL always does)."""
+        ...
+
+    @property
+    def turn_spans_processes(self) -> bool:
+        """Whether `turn` queues this store's other processes too (SQLite's record locks), not only the
+        tasks of this process (PostgreSQL's processes queue in the server, in the transaction after it)."""
         ...
 
     def turn(self, name: str, *, moved: Callable[[], Awaitable[bool]]) -> AbstractAsyncContextManager[bool]:

@@ -241,6 +241,8 @@ class Turn(msgspec.Struct, frozen=True):
     ours: bool
     state: ProposalState | None = None
     """Not ours: where the proposal stands now that the turn before settled it (None: it does not exist)."""
+    proposal: Proposal | None = None
+    """Ours: the proposal as read just before the turn, when it was had without waiting (None: read it now)."""
 
 
 class QuorumResult(msgspec.Struct, frozen=True):
@@ -278,7 +280,7 @@ class ProposalRepository(Protocol):
         """Wait for this proposal's turn to be decided — racing approvals of it queue here, outside any
         transaction and without the store's write lock — and hold it while deciding. One that comes late,
         or had to wait and finds the proposal no longer pending, is told so (`Turn.ours` False): the many
-        operators who come too late learn it from one short read, or from the decision of this process
+        operators who come too late learn it from one read, or from the decision of this process
         they queued behind."""
         ...
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:

@@ -141,12 +141,14 @@ class AuditChain:
             rows.append((*(fields[c] for c in _COLUMNS), prev_hash, row_hash))
             ids.append(next_id)
             next_id, prev_hash = next_id + 1, row_hash
-        await tx.execute_many(_INSERT, rows)
         head = self._signed(Anchor(anchor.row_count + len(rows), next_id - 1, prev_hash, anchor.keyed_from, ""))
-        await tx.execute(
-            "UPDATE audit_anchor SET row_count = ?, head_id = ?, head_hash = ?, mac = ? WHERE id = 1",
-            (head.row_count, head.head_id, head.head_hash, head.mac),
-        )
+        move_head = ("UPDATE audit_anchor SET row_count = ?, head_id = ?, head_hash = ?, mac = ? WHERE id = 1",
+                     (head.row_count, head.head_id, head.head_hash, head.mac))
+        if len(rows) == 1:  # a decision's row: with the head in one statement where the store can
+            await tx.fetch_all_with([(_INSERT, rows[0])], *move_head)
+        else:
+            await tx.execute_many(_INSERT, rows)
+            await tx.execute(*move_head)
         return ids
 
     async def verify(self, db: Database) -> AsyncIterator[ChainProblem | int]:

@@ -15,7 +15,15 @@ Every difference from SQLite lives in this module and in `sql/postgresql/`:
   `sync_sequences()` catches up after anything else;
 - transactions run at READ COMMITTED: a conditional `UPDATE … WHERE status = 'pending'` that
   loses a race re-reads the row after the winner commits and matches nothing, so exactly one
-  caller sees a row change; each statement after `lock()` sees what the previous holder committed.
+  caller sees a row change; each statement after `lock()` sees what the previous holder committed;
+- BEGIN goes out with a transaction's first statement, not when it opens: before a `lock()` in
+  the same message (`BEGIN; SELECT pg_advisory_xact_lock(…)`, one round trip where there were
+  two: a decision's claim, a staged proposal, every audit flush), and a transaction that runs no
+  statement sends neither BEGIN nor COMMIT. At READ COMMITTED each statement takes its own
+  snapshot, so when BEGIN arrives changes nothing a statement sees;
+- `fetch_all_with(writes, sql)`: `WITH _w0 AS (write), … sql`, one round trip (an approval with its
+  claim, an audit row with the chain's head). The statements of such a WITH share one snapshot and
+  run in no set order, which is why callers may only join writes that do not depend on each other.
 
 Driver errors (asyncpg's, and OS errors of the connection) become `StoreError` here.
 """
@@ -156,10 +164,23 @@ class _PgTransaction:
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
         self._explicit_ids: set[str] = set()
+        self._begun = False
+        """BEGIN has been sent (with the first statement: see the module)."""
+
+    async def _begin(self) -> None:
+        if self._begun:
+            return
+        self._begun = True  # from the moment it is sent (see `lock`)
+        try:
+            await self._conn.execute("BEGIN")
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Cannot start a write transaction", exc) from exc
 
     async def _before(self, sql: str) -> None:
-        """Remember tables given explicit ids; before the first insert that leaves the id to the
-        sequence, move that sequence past them (as SQLite would number it: max + 1)."""
+        """BEGIN, if this is the first statement. Remember tables given explicit ids; before the first
+        insert that leaves the id to the sequence, move that sequence past them (as SQLite would number
+        it: max + 1)."""
+        await self._begin()
         if (match := _INSERT_INTO.match(sql)) is None:
             return
         table = match[1].lower()
@@ -203,9 +224,30 @@ class _PgTransaction:
         except _DRIVER_ERRORS as exc:
             raise _store_error("Database statement failed", exc) from exc
 
+    async def fetch_all_with(self, writes: Sequence[tuple[str, Params]], sql: str, params: Params = ()) -> list[Row]:
+        """`WITH _w0 AS (write), … sql`: the writes run in the statement's snapshot, all or none."""
+        if not writes:
+            return await self.fetch_all(sql, params)
+        for write, _ in writes:
+            await self._before(write)
+        await self._before(sql)
+        combined = "WITH " + ", ".join(f"_w{n} AS ({write})" for n, (write, _) in enumerate(writes)) + f" {sql}"
+        all_params = [*(value for _, write_params in writes for value in write_params), *params]
+        try:
+            return [dict(r) for r in await self._conn.fetch(translate_placeholders(combined), *all_params)]
+        except _DRIVER_ERRORS as exc:
+            raise _store_error("Database statement failed", exc) from exc
+
     async def lock(self, name: str) -> None:
         try:
-            await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
+            if self._begun:
+                await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
+            else:
+                # One simple-query message, two statements; the key is an int we computed, never text. Begun
+                # from the moment it is sent: a wait for the lock cancelled before the server answered must
+                # still be rolled back (the driver cannot know yet that BEGIN ran).
+                self._begun = True
+                await self._conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(name):d})")
         except _DRIVER_ERRORS as exc:
             raise _store_error(f"Cannot take the lock {name!r}", exc) from exc
 
@@ -237,6 +279,7 @@ async def _reset_on_release(conn: asyncpg.Connection) -> None:
 
 class PostgresDatabase:
     dialect = "postgresql"
+    turn_spans_processes = False
 
     def __init__(self, url: str, pool: asyncpg.Pool) -> None:
         self.url = url
@@ -289,18 +332,15 @@ class PostgresDatabase:
     @asynccontextmanager
     async def transaction(self, *, durable: bool = False) -> AsyncIterator[_PgTransaction]:
         """`durable` changes nothing here: with the server's default `synchronous_commit = on`
-        every commit is flushed to disk before it returns. BEGIN and COMMIT are sent as plain
-        statements, so that a COMMIT the server answers with a rollback (a statement failed in the
-        transaction) is not taken for success, as asyncpg's `Transaction.commit` takes it."""
+        every commit is flushed to disk before it returns. BEGIN (with the first statement, see the
+        module) and COMMIT are sent as plain statements, so that a COMMIT the server answers with a
+        rollback (a statement failed in the transaction) is not taken for success, as asyncpg's
+        `Transaction.commit` takes it."""
         try:
             conn = await self._pool.acquire()
         except _DRIVER_ERRORS as exc:
             raise _store_error("Cannot start a write transaction", exc) from exc
         try:
-            try:
-                await conn.execute("BEGIN")
-            except _DRIVER_ERRORS as exc:
-                raise _store_error("Cannot start a write transaction", exc) from exc
             tx = _PgTransaction(conn)
             try:
                 yield tx
@@ -309,9 +349,11 @@ class PostgresDatabase:
             except BaseException:
                 # If the connection is gone, the server rolls back on its own.
                 with anyio.CancelScope(shield=True), contextlib.suppress(*_DRIVER_ERRORS):
-                    if conn.is_in_transaction():
+                    if tx._begun or conn.is_in_transaction():
                         await conn.execute("ROLLBACK")
                 raise
+            if not tx._begun:  # no statement ran: nothing to commit
+                return
             try:
                 with anyio.CancelScope(shield=True):
                     status = await conn.execute("COMMIT")

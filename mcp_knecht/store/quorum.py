@@ -5,7 +5,8 @@
       lock `proposal:<id>`                every approval of this proposal, on every replica, queues here
       read it with its approvals          (each statement after the lock sees what the previous holder committed);
         and whether it was approved       no longer pending → `not_pending` at once, nothing written
-      insert this one                     at most one per person (also a UNIQUE key)
+      insert this one, and in the same    at most one per person (also a UNIQUE key);
+        statement (`tx.fetch_all_with`)   on PostgreSQL one round trip for both
       the quorum complete?  yes → UPDATE … SET status = 'executing' WHERE id = ? AND status = 'pending' …
                             no  → UPDATE … SET status = status   WHERE id = ? AND status = 'pending' …
       the UPDATE changed no row → roll back: `not_pending` (rejected, expired, claimed meanwhile)
@@ -108,24 +109,23 @@ async def add_approval(
             counted_before = [a for a in earlier if counts(a)]
             if rows[0]["approved_in"] is not None or len({a.person for a in counted_before}) >= required:
                 raise _ClaimedBefore
-            await tx.execute(
-                "INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (proposal_id, new.operator, new.person, new.approved_at, new.seal),
-            )
+            # The approval and the UPDATE in one statement (where the store can): neither reads the other's table.
+            insert = ("INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
+                      " VALUES (?, ?, ?, ?, ?)", (proposal_id, new.operator, new.person, new.approved_at, new.seal))
             counted = (*counted_before, new)
             completes = len({a.person for a in counted}) >= required
             pending = "WHERE id = ? AND status = 'pending' AND expires_at > ? AND proposer_subject <> ?"
             params: tuple[Any, ...] = (proposal_id, new.approved_at, new.operator)
             if completes:
-                rows = await tx.fetch_all(
+                rows = await tx.fetch_all_with([insert], (
                     "UPDATE proposals SET status = 'executing', decided_by = ?, decided_at = ?, started_at = ?"
-                    f" {pending} RETURNING *", (new.operator, new.approved_at, new.approved_at, *params))
+                    f" {pending} RETURNING *"), (new.operator, new.approved_at, new.approved_at, *params))
                 changed = len(rows)
                 if changed == 1 and approved is not None and (claimed := await approved(tx, rows[0], counted)) is None:
                     raise _Changed
             else:  # changes nothing, but only while pending, and holds the row until this commits
-                changed = await tx.execute(f"UPDATE proposals SET status = status {pending}", params)
+                changed = len(await tx.fetch_all_with(
+                    [insert], f"UPDATE proposals SET status = status {pending} RETURNING id", params))
             if changed != 1:
                 raise _NotPending(await read_state(db, proposal_id))
             await chain.append(tx, [audit(counted, completes)])

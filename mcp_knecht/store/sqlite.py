@@ -182,6 +182,12 @@ class _WriterTransaction:
         except sqlite3.Error as exc:
             raise store_error("sqlite", f"Database statement failed: {exc}") from exc
 
+    async def fetch_all_with(self, writes: Sequence[tuple[str, Params]], sql: str, params: Params = ()) -> list[Row]:
+        """One after another: a statement here costs no round trip."""
+        for write, write_params in writes:
+            await self.execute(write, write_params)
+        return await self.fetch_all(sql, params)
+
     async def lock(self, name: str) -> None:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
 
@@ -361,6 +367,10 @@ class SQLiteDatabase:
                     yield row  # type: ignore[misc]
         finally:
             await conn.close()
+
+    @property
+    def turn_spans_processes(self) -> bool:
+        return self._turns.spans_processes
 
     def turn(self, name: str, *, moved: Callable[[], Awaitable[bool]]) -> AbstractAsyncContextManager[bool]:
         """Across our processes too: a record lock on one byte of `<db>-turns` per name (a blocking

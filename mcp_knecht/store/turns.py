@@ -73,6 +73,11 @@ class Turns:
             with contextlib.suppress(OSError):
                 self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
+    @property
+    def spans_processes(self) -> bool:
+        """Whether other processes queue here too (the record locks could be had)."""
+        return self._fd is not None
+
     def _try_across(self, name: str) -> bool:
         if self._fd is None:
             return True
