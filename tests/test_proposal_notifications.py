@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.store.changes import MAX_KEYS
 from mcp_knecht.transports.mcp_server import server_for_app
 from tests.staging import AGENT, acli
 
@@ -133,6 +134,102 @@ async def test_the_watcher_reads_only_the_proposals_that_moved(app: App) -> None
         await tx.execute("UPDATE proposals SET expires_at = ? WHERE id = ?", ("2000-01-01T00:00:00.000000Z", overdue))
     assert await app.proposals.settled([*waiting, 10_000_000]) == {
         rejected: ("rejected", "alice"), overdue: ("expired", "alice")}
+
+
+class _CountingReads:
+    """The real repository, counting which open proposals each look asks `settled` about."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.asked: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def settled(self, ids: Any) -> Any:
+        self.asked.append(sorted(ids))
+        return await self._real.settled(ids)
+
+
+async def test_a_look_at_the_proposals_the_store_named_reads_only_those(app: App) -> None:
+    """On PostgreSQL a NOTIFY names the proposal that moved: the watcher reads it alone, not every open one
+    (a decision cost a read of them all, twice); a look at everything still finds the rest."""
+    from mcp_knecht.core.approval import Operator
+    from mcp_knecht.core.proposal_watch import ProposalWatcher
+
+    waiting = [await stage(app) for _ in range(4)]
+    reads = _CountingReads(app.proposals)
+    watcher = ProposalWatcher(reads, app.changes)  # type: ignore[arg-type]
+    await watcher.poll()
+    reads.asked.clear()
+    await app.approvals.approve(waiting[0], Operator("bob"))
+    await app.approvals.reject(waiting[2], Operator("bob"), "not now")
+    named = await watcher.poll(frozenset({waiting[0], 10_000_000}))
+    assert [(c.proposal_id, c.status) for c in named] == [(waiting[0], "succeeded")]
+    assert reads.asked == [[waiting[0]]]
+    assert await watcher.poll(frozenset({waiting[0]})) == [] and reads.asked == [[waiting[0]]]  # settled: gone
+    newer = await stage(app)
+    await app.approvals.reject(newer, Operator("bob"), "staged and decided between two looks")
+    assert [(c.proposal_id, c.status) for c in await watcher.poll(frozenset({newer}))] == [(newer, "rejected")]
+    everything = await watcher.poll()
+    assert [(c.proposal_id, c.status) for c in everything] == [(waiting[2], "rejected")]
+    assert reads.asked[-1] == [waiting[1], waiting[2], waiting[3]]
+
+
+async def test_the_change_feed_names_the_proposals_that_moved_where_the_store_announces_them(app: App) -> None:
+    from mcp_knecht.core.approval import Operator
+
+    proposal_id = await stage(app)
+    async with app.changes.watching("proposals") as wakeups:
+        await app.approvals.reject(proposal_id, Operator("bob"), "no")
+        with anyio.fail_after(5):
+            while not await wakeups.wait(1.0):
+                pass
+        if app.db.dialect != "postgresql":  # polling: nothing named, everything is read
+            assert wakeups.keys is None
+            return
+        assert wakeups.keys == {proposal_id}
+
+        async def announced(sql: str) -> frozenset[int] | None:
+            async with app.db.transaction() as tx:
+                await tx.execute(sql)
+            await anyio.sleep(0.3)  # every notification of the commit arrives before the one wait that takes them
+            assert await wakeups.wait(1.0)
+            return wakeups.keys
+
+        def notify(count: int) -> str:
+            return f"SELECT pg_notify('knecht_proposals', n::text) FROM generate_series(1, {count}) n"
+
+        assert await announced(notify(3)) == {1, 2, 3}
+        assert await announced(notify(MAX_KEYS + 1)) is None  # more than are worth naming: read it all
+        assert await announced("SELECT pg_notify('knecht_proposals', 'not a key')") is None
+
+
+async def test_the_watcher_still_finds_a_proposal_whose_time_ran_out_while_others_keep_moving(app: App) -> None:
+    """Expiry is announced by nobody: however many named changes keep arriving, the watcher reads every open
+    proposal at least once an interval."""
+    from mcp_knecht.core.proposal_watch import ProposalWatcher, StatusChange
+
+    overdue, busy = await stage(app), await stage(app)
+    heard: list[StatusChange] = []
+
+    async def listen(change: StatusChange) -> None:
+        heard.append(change)
+
+    watcher = ProposalWatcher(app.proposals, app.changes, interval=0.5)
+    watcher.subscribe(listen)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(watcher.run)
+        await anyio.sleep(0.2)
+        async with app.db.transaction() as tx:  # its time has passed; nothing writes `expired` or notifies
+            await tx.execute("UPDATE proposals SET expires_at = ? WHERE id = ?",
+                             ("2000-01-01T00:00:00.000000Z", overdue))
+        with anyio.fail_after(5):
+            while (overdue, "expired") not in {(c.proposal_id, c.status) for c in heard}:
+                async with app.db.transaction() as tx:  # a change the store announces, named, every 50 ms
+                    await tx.execute("UPDATE proposals SET status = status WHERE id = ?", (busy,))
+                await anyio.sleep(0.05)
+        tasks.cancel_scope.cancel()
 
 
 # --- Issue 11, item 10: resources are the gate's get_proposal, subscriptions belong to a connection ---

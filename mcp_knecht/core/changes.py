@@ -9,6 +9,12 @@
 A wake-up means "read again", never "it changed": callers always re-read, so a spurious or lost
 notification costs latency, never correctness. The store implements it: PostgreSQL with
 LISTEN/NOTIFY on channel `knecht_<topic>` (payload: the key), every other store by polling.
+
+Where the store announced every change with its key, `wakeups.keys` names the keys that woke the
+last wait, so a watcher of a whole topic can read just those; None means "anything may have
+changed" (polling, a lost connection, more keys than it is worth naming), and it reads it all.
+A change nobody announces (a proposal's time running out) is only found by reading it all, which
+such a watcher therefore still does every so often however many keys arrive.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ class Wakeups(Protocol):
     async def wait(self, timeout: float) -> bool:
         """True when something watched may have changed since the last wait (or since `watching`
         began); False when `timeout` seconds passed quietly."""
+        ...
+
+    @property
+    def keys(self) -> frozenset[int] | None:
+        """After a wait that returned True: the keys announced as changed (see the module); None: unknown."""
         ...
 
 

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.25
 RECHECK_SECONDS = 5.0
+MAX_KEYS = 1_000
+"""More keys announced between two waits than this, and the wait says "unknown" (`keys` None): the
+waiter reads everything, which is cheaper by then than a read per key."""
 
 
 def channel(topic: str) -> str:
@@ -34,6 +37,8 @@ def channel(topic: str) -> str:
 
 
 class _Polling:
+    keys = None  # a poll knows nothing of what changed
+
     def __init__(self, interval: float) -> None:
         self._interval = interval
 
@@ -60,18 +65,26 @@ class _Subscription:
     def __init__(self, feed: PgChangeFeed) -> None:
         self._feed = feed
         self.event = anyio.Event()
+        self._announced: set[int] | None = set()
+        """The keys announced since the last wait; None once one came without a key (or too many came)."""
+        self.keys: frozenset[int] | None = None
 
-    def fire(self) -> None:
+    def fire(self, key: int | None = None) -> None:
+        if key is None or self._announced is None or len(self._announced) >= MAX_KEYS:
+            self._announced = None
+        else:
+            self._announced.add(key)
         self.event.set()
 
     async def wait(self, timeout: float) -> bool:
         if not self._feed.listening:
-            self.event = anyio.Event()
+            self.event, self._announced, self.keys = anyio.Event(), set(), None
             return await _Polling(self._feed.poll_interval).wait(timeout)
         with anyio.move_on_after(max(0.0, min(timeout, self._feed.recheck))):
             await self.event.wait()
         fired = self.event.is_set()
-        self.event = anyio.Event()
+        self.keys = frozenset(self._announced) if fired and self._announced is not None else None
+        self.event, self._announced = anyio.Event(), set()
         return fired
 
 
@@ -122,7 +135,7 @@ class PgChangeFeed:
             key = None
         for each in {(topic, key), (topic, None)}:
             for subscription in self._subscribers.get(each, ()):
-                subscription.fire()
+                subscription.fire(key)
 
     def _on_lost(self, _conn: Any) -> None:
         logger.warning("The LISTEN connection was lost; polling until it is back")
