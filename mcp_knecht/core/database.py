@@ -58,8 +58,9 @@ class Database(Protocol):
     def transaction(self, *, durable: bool = False) -> AbstractAsyncContextManager[Transaction]:
         """A write transaction that takes the write lock at once (no upgrade deadlocks).
 
-        `durable`: the commit survives a power loss, not only a crash of the process (proposals and
-        decisions ask for it; SQLite then syncs its WAL on this commit, PostgreSQL always does)."""
+        `durable`: the commit survives a power loss, not only a crash of the process, once the block has
+        returned (proposals and decisions ask for it; SQLite then flushes its WAL after this commit, with
+        the write lock let go; PostgreSQL flushes every commit)."""
         ...
 
     @property

@@ -4,7 +4,8 @@ Reads go through aiosqlite's thread, since one may take long; a `lookup` (a read
 rows) runs on the event loop's own thread, where it costs microseconds. The writer is used from the
 event loop's thread too: a write transaction's statements are microseconds each, while a hop to a
 driver thread and back costs about 80 µs of CPU (a decision makes twenty statements). What can block
-for long runs in a worker thread: a durable COMMIT (an fsync), large batches, and checkpoints. The
+for long runs in a worker thread: a durable commit's flush to disk (an fsync, made after the write
+lock is let go: `store.wal_sync`), large batches, and checkpoints. The
 writer's automatic checkpoint is off — it would run inside some COMMIT, on the event loop, and
 fsync there — and every few hundred commits (or thousand rows) the writer checkpoints in a worker
 thread instead, before it lets the next of our writers in. One transaction at a time, so the writer
@@ -48,6 +49,7 @@ from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
 from mcp_knecht.store.kernel_wait import SLICE, wait_in_kernel
 from mcp_knecht.store.turns import release_turns, shared_turns
+from mcp_knecht.store.wal_sync import WalFlush
 
 try:
     import fcntl
@@ -88,8 +90,8 @@ async def _connect(path: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> aios
     await conn.execute_fetchall(f"PRAGMA busy_timeout = {busy_timeout_ms}")
     await conn.execute_fetchall("PRAGMA foreign_keys = ON")
     # NORMAL under WAL: a commit survives a crash of the process; a power loss may lose the last
-    # commits but never corrupts. A `durable` transaction (proposals, decisions) switches to FULL
-    # for its own commit, which syncs the WAL before COMMIT returns.
+    # commits but never corrupts. A `durable` transaction (proposals, decisions) flushes the WAL
+    # itself after its COMMIT, before it returns (`store.wal_sync`).
     await conn.execute_fetchall("PRAGMA synchronous = NORMAL")
     return conn
 
@@ -379,15 +381,35 @@ class SQLiteDatabase:
 
     @asynccontextmanager
     async def transaction(self, *, durable: bool = False) -> AsyncIterator[_WriterTransaction]:
-        async with self._write_lock:
-            if durable:
-                self._writer.execute("PRAGMA synchronous = FULL")
-            try:
-                async with self._in_transaction(durable):
-                    yield _WriterTransaction(self._writer)
-            finally:
-                if durable:
-                    self._writer.execute("PRAGMA synchronous = NORMAL")
+        """`durable`: the commit is flushed to disk before this returns, after the write lock is let go
+        (`store.wal_sync`), so other writers need not wait for the disk."""
+        wal = WalFlush.open(str(self._path)) if durable else None
+        try:
+            async with self._write_lock:
+                if durable and wal is None:  # no WAL file to flush afterwards: SQLite flushes in COMMIT
+                    self._writer.execute("PRAGMA synchronous = FULL")
+                try:
+                    async with self._in_transaction(durable and wal is None, before_commit=wal):
+                        yield _WriterTransaction(self._writer)
+                finally:
+                    if durable and wal is None:
+                        self._writer.execute("PRAGMA synchronous = NORMAL")
+            if wal is not None:
+                await self._flush(wal)
+        finally:
+            if wal is not None:
+                wal.close()
+
+    async def _flush(self, wal: WalFlush) -> None:
+        try:
+            if self._blocking:
+                wal.sync()
+            else:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(wal.sync)
+        except OSError as exc:
+            raise store_error("sqlite", f"Commit failed: the disk did not confirm the write ({exc}). It may or may "
+                                        "not have been kept; check before retrying.") from exc
 
     async def _begin(self) -> bool:
         """`BEGIN IMMEDIATE`, after queueing behind our other processes (see the module); True when
@@ -437,7 +459,9 @@ class SQLiteDatabase:
             pause = min(pause * 1.5, _LOCK_POLL_MAX)
 
     @asynccontextmanager
-    async def _in_transaction(self, durable: bool) -> AsyncIterator[None]:
+    async def _in_transaction(self, durable: bool, *, before_commit: WalFlush | None = None) -> AsyncIterator[None]:
+        """`durable`: SQLite flushes this COMMIT itself (at FULL). `before_commit`: where the WAL stands is
+        noted just before COMMIT, for the flush after the lock (`transaction`)."""
         try:
             queued = await self._begin()
         except StoreBusyError:
@@ -457,12 +481,14 @@ class SQLiteDatabase:
                 self._writer.execute("ROLLBACK")
                 raise
             try:
+                if before_commit is not None:
+                    before_commit.note()
                 if durable and not self._blocking:  # it waits for the disk (fsync): off the event loop
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._writer.execute, "COMMIT")
                 else:  # writes the WAL into the page cache: microseconds (no checkpoint: see the module)
                     self._writer.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self._writer.execute("ROLLBACK")
                 raise store_error("sqlite", f"Commit failed: {exc}") from exc
