@@ -59,7 +59,7 @@ class WalFlush:
         self._salt = os.pread(self._fd, _SALT_SIZE, _SALT_OFFSET)
 
     def sync(self) -> None:
-        """Flush the WAL (and the database file, if the WAL was restarted since `before_commit`).
+        """Flush the WAL (and the database file, if the WAL was restarted since `note`).
         Blocks for the disk: call it off the event loop, or where nothing else waits."""
         try:
             os.fdatasync(self._fd)
