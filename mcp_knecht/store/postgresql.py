@@ -232,11 +232,8 @@ class _PgTransaction:
             await self._before(write)
         await self._before(sql)
         combined = "WITH " + ", ".join(f"_w{n} AS ({write})" for n, (write, _) in enumerate(writes)) + f" {sql}"
-        all_params = [*(value for _, write_params in writes for value in write_params), *params]
-        try:
-            return [dict(r) for r in await self._conn.fetch(translate_placeholders(combined), *all_params)]
-        except _DRIVER_ERRORS as exc:
-            raise _store_error("Database statement failed", exc) from exc
+        return await self.fetch_all(combined, [*(value for _, write_params in writes for value in write_params),
+                                               *params])
 
     async def lock(self, name: str) -> None:
         try:

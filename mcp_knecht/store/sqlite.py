@@ -384,15 +384,16 @@ class SQLiteDatabase:
         """`durable`: the commit is flushed to disk before this returns, after the write lock is let go
         (`store.wal_sync`), so other writers need not wait for the disk."""
         wal = WalFlush.open(str(self._path)) if durable else None
+        at_full = durable and wal is None  # no WAL file to flush afterwards: SQLite flushes in COMMIT
         try:
             async with self._write_lock:
-                if durable and wal is None:  # no WAL file to flush afterwards: SQLite flushes in COMMIT
+                if at_full:
                     self._writer.execute("PRAGMA synchronous = FULL")
                 try:
-                    async with self._in_transaction(durable and wal is None, before_commit=wal):
+                    async with self._in_transaction(at_full, before_commit=wal):
                         yield _WriterTransaction(self._writer)
                 finally:
-                    if durable and wal is None:
+                    if at_full:
                         self._writer.execute("PRAGMA synchronous = NORMAL")
             if wal is not None:
                 await self._flush(wal)
@@ -459,9 +460,9 @@ class SQLiteDatabase:
             pause = min(pause * 1.5, _LOCK_POLL_MAX)
 
     @asynccontextmanager
-    async def _in_transaction(self, durable: bool, *, before_commit: WalFlush | None = None) -> AsyncIterator[None]:
-        """`durable`: SQLite flushes this COMMIT itself (at FULL). `before_commit`: where the WAL stands is
-        noted just before COMMIT, for the flush after the lock (`transaction`)."""
+    async def _in_transaction(self, at_full: bool, *, before_commit: WalFlush | None = None) -> AsyncIterator[None]:
+        """`at_full`: SQLite flushes this COMMIT itself. `before_commit`: where the WAL stands is noted just
+        before COMMIT, for the flush after the lock (`transaction`)."""
         try:
             queued = await self._begin()
         except StoreBusyError:
@@ -483,7 +484,7 @@ class SQLiteDatabase:
             try:
                 if before_commit is not None:
                     before_commit.note()
-                if durable and not self._blocking:  # it waits for the disk (fsync): off the event loop
+                if at_full and not self._blocking:  # it waits for the disk (fsync): off the event loop
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._writer.execute, "COMMIT")
                 else:  # writes the WAL into the page cache: microseconds (no checkpoint: see the module)
