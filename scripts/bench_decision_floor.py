@@ -1,7 +1,7 @@
 """The floor under a decision: the same commits a decision makes, with nothing of mcp-knecht around them.
 
     python scripts/bench_decision_floor.py [--proposals 2000] [--approvers 8] [--order lockstep|shuffled]
-                                           [--db postgresql://…] [--json]
+                                           [--claim-flush after-lock|in-commit] [--db postgresql://…] [--json]
 
 What does a decided-and-executed proposal cost at the least, on this machine, in Python? Each of K
 racing processes tries every proposal (as `bench_approvals.py` does) with the bare driver — `sqlite3`
@@ -9,7 +9,9 @@ for SQLite, `asyncpg` for PostgreSQL — and only the statements a decision cann
 
     read the proposal; pending? ──no──▶ lost (nothing written)
     claim    one durable transaction: lock, re-read, insert the approval, UPDATE … WHERE status =
-             'pending', the audit row; SQLite: `synchronous = FULL` for this commit
+             'pending', the audit row; SQLite: committed at `NORMAL`, then the WAL flushed with
+             `fdatasync` once the writers' lock is let go, as the store does (`--claim-flush
+             in-commit`: `synchronous = FULL`, the disk waited for inside the lock, as before 2026-12-06)
     effect   the tool's own write (one row) and its audit row, committed
     finish   UPDATE … SET status = 'succeeded' and its audit row, committed (not flushed)
 
@@ -71,20 +73,27 @@ def _order(first: int, last: int, seed: int | None) -> list[int]:
 # --- SQLite: the sqlite3 module, no event loop -------------------------------------------------
 
 
+CLAIM_FLUSHES = ("after-lock", "in-commit")
+
+
 class _SQLiteWriter:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, claim_flush: str = "after-lock") -> None:
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA busy_timeout = 15000")
         self.queue = os.open(f"{path}-floor-writers", os.O_RDWR | os.O_CREAT, 0o600)
+        self.wal = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)  # a restarted WAL keeps its file
+        self.flush_in_commit = claim_flush == "in-commit"
 
     def transaction(self, statements: list[tuple[str, tuple[Any, ...]]], *, durable: bool,
                     guard: tuple[str, tuple[Any, ...]] | None = None) -> bool:
-        """Run `statements` in one write transaction; `guard` (a SELECT) must return 'pending' first."""
+        """Run `statements` in one write transaction; `guard` (a SELECT) must return 'pending' first.
+        `durable`: on disk before this returns."""
+        full = durable and self.flush_in_commit
         fcntl.flock(self.queue, fcntl.LOCK_EX)
         try:
-            if durable:
+            if full:
                 self.conn.execute("PRAGMA synchronous = FULL")
             self.conn.execute("BEGIN IMMEDIATE")
             if guard is not None and self.conn.execute(*guard).fetchone()[0] != "pending":
@@ -93,15 +102,18 @@ class _SQLiteWriter:
             for sql, params in statements:
                 self.conn.execute(sql, params)
             self.conn.execute("COMMIT")
-            return True
         finally:
-            if durable:
+            if full:
                 self.conn.execute("PRAGMA synchronous = NORMAL")
             fcntl.flock(self.queue, fcntl.LOCK_UN)
+        if durable and not full:
+            os.fdatasync(self.wal)  # the commit is in the WAL; other writers need not wait for the disk
+        return True
 
 
-def sqlite_worker(path: str, name: str, first: int, last: int, seed: int | None) -> dict[str, Any]:
-    writer = _SQLiteWriter(path)
+def sqlite_worker(path: str, name: str, first: int, last: int, seed: int | None,
+                  claim_flush: str = "after-lock") -> dict[str, Any]:
+    writer = _SQLiteWriter(path, claim_flush)
     reader = sqlite3.connect(path, isolation_level=None)
     won = lost = 0
     started, cpu = time.perf_counter(), _cpu_seconds()
@@ -228,12 +240,14 @@ async def pg_effects(url: str, tag: str) -> dict[str, int]:
 # --- the race ------------------------------------------------------------------------------------
 
 
-def _race(db: str, approvers: int, first: int, last: int, shuffled: bool) -> list[dict[str, Any]]:
+def _race(db: str, approvers: int, first: int, last: int, shuffled: bool,
+          claim_flush: str) -> list[dict[str, Any]]:
     return run_approvers([[sys.executable, __file__, "--worker", db, f"operator-{i}", str(first), str(last),
-                           str(i) if shuffled else "-"] for i in range(approvers)])
+                           str(i) if shuffled else "-", claim_flush] for i in range(approvers)])
 
 
-def run(proposals: int, approvers: int, db_url: str | None, order: str) -> dict[str, Any]:
+def run(proposals: int, approvers: int, db_url: str | None, order: str,
+        claim_flush: str = "after-lock") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         db = db_url or str(Path(folder) / "floor.db")
         postgres = db.startswith("postgres")
@@ -245,14 +259,15 @@ def run(proposals: int, approvers: int, db_url: str | None, order: str) -> dict[
             stage, effects = (lambda n, t: sqlite_stage(db, n, t)), (lambda t: sqlite_effects(db, t))
         solo_range, race_range = stage(proposals, f"{tag}solo"), stage(proposals, f"{tag}race")
         fsyncs = fsync_rate(folder)
-        solo = _race(db, 1, *solo_range, shuffled=False)[0]
-        reports = _race(db, approvers, *race_range, shuffled=order == "shuffled")
+        solo = _race(db, 1, *solo_range, shuffled=False, claim_flush=claim_flush)[0]
+        reports = _race(db, approvers, *race_range, shuffled=order == "shuffled", claim_flush=claim_flush)
         counted = effects(f"{tag}race")
     won = sum(r["won"] for r in reports)
     race_seconds = max(r["seconds"] for r in reports)
     return {
         "database": "postgresql" if postgres else "sqlite", "proposals": proposals, "approvers": approvers,
-        "order": order, "cpus": os.cpu_count(), "fdatasync_per_s": round(fsyncs),
+        "order": order, "claim_flush": None if postgres else claim_flush, "cpus": os.cpu_count(),
+        "fdatasync_per_s": round(fsyncs),
         "baseline_decisions_per_s": round(proposals / solo["seconds"], 1),
         "baseline_cpu_ms_per_decision": round(solo["cpu_seconds"] / proposals * 1000, 3),
         "race_decisions_per_s": round(won / race_seconds, 1),
@@ -264,28 +279,32 @@ def run(proposals: int, approvers: int, db_url: str | None, order: str) -> dict[
 
 
 def main() -> None:
-    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
+    if len(sys.argv) == 8 and sys.argv[1] == "--worker":
         db, name, first, last, seed = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         shuffle_seed = None if seed == "-" else int(seed)
         if db.startswith("postgres"):
             result = asyncio.run(pg_worker(db, name, first, last, shuffle_seed))
         else:
-            result = sqlite_worker(db, name, first, last, shuffle_seed)
+            result = sqlite_worker(db, name, first, last, shuffle_seed, sys.argv[7])
         print(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--proposals", type=int, default=2000)
     parser.add_argument("--approvers", type=int, default=8)
     parser.add_argument("--order", choices=("lockstep", "shuffled"), default="lockstep")
+    parser.add_argument("--claim-flush", choices=CLAIM_FLUSHES, default="after-lock",
+                        help="SQLite: when the claim's commit reaches the disk (default: after the writers' lock,"
+                             " as the store does)")
     parser.add_argument("--db", help="a PostgreSQL URL (default: a temporary SQLite file)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.proposals, args.approvers, args.db, args.order)
+    result = run(args.proposals, args.approvers, args.db, args.order, args.claim_flush)
     if args.json:
         print(json.dumps(result))
         return
     print(f"floor: bare {'asyncpg' if result['database'] == 'postgresql' else 'sqlite3'}, the commits of a decision"
-          f" and nothing else  ({result['cpus']} cpus; {result['fdatasync_per_s']} fdatasync/s)")
+          f" and nothing else  ({result['cpus']} cpus; {result['fdatasync_per_s']} fdatasync/s"
+          f"{'' if result['claim_flush'] is None else '; the claim flushed ' + result['claim_flush']})")
     print(f"1 approver            {result['baseline_decisions_per_s']:>8} decisions/s"
           f"  ({result['baseline_cpu_ms_per_decision']} ms CPU per decision)")
     print(f"{args.approvers} racing, {args.order:<9} {result['race_decisions_per_s']:>8} decisions/s"
