@@ -10,9 +10,9 @@ for SQLite, `asyncpg` for PostgreSQL — and only the statements a decision cann
 
     read the proposal; pending? ──no──▶ lost (nothing written)
     claim    one durable transaction: lock, re-read, insert the approval, UPDATE … WHERE status =
-             'pending', the audit row; SQLite: committed at `NORMAL`, then the WAL flushed with
-             `fdatasync` once the writers' lock is let go, as the store does (`--claim-flush
-             in-commit`: `synchronous = FULL`, the disk waited for inside the lock, as before 2026-12-06)
+             'pending', the audit row; SQLite: committed at `NORMAL`, then flushed once the writers'
+             lock is let go, with the store's own `WalFlush` (`--claim-flush in-commit`:
+             `synchronous = FULL`, the disk waited for inside the lock, as before 2026-12-06)
     effect   the tool's own write (one row) and its audit row, committed
     finish   UPDATE … SET status = 'succeeded' and its audit row, committed (not flushed)
 
@@ -45,6 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from mcp_knecht.store.wal_sync import WalFlush  # noqa: E402
 from scripts.bench_approvals import fsync_rate, run_approvers  # noqa: E402
 from scripts.bench_http import cpu_seconds  # noqa: E402
 
@@ -89,32 +90,40 @@ class _SQLiteWriter:
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA busy_timeout = 15000")
         self.queue = os.open(f"{path}-floor-writers", os.O_RDWR | os.O_CREAT, 0o600)
-        self.wal = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)  # a restarted WAL keeps its file
+        self.path = path
         self.flush_in_commit = claim_flush == "in-commit"
 
     def transaction(self, statements: list[tuple[str, tuple[Any, ...]]], *, durable: bool,
                     guard: tuple[str, tuple[Any, ...]] | None = None) -> bool:
         """Run `statements` in one write transaction; `guard` (a SELECT) must return 'pending' first.
         `durable`: on disk before this returns."""
-        full = durable and self.flush_in_commit
-        fcntl.flock(self.queue, fcntl.LOCK_EX)
+        # The store's own flush after the lock (the WAL's fdatasync, and the database file's if the WAL restarted).
+        wal = WalFlush.open(self.path) if durable and not self.flush_in_commit else None
+        full = durable and wal is None
         try:
-            if full:
-                self.conn.execute("PRAGMA synchronous = FULL")
-            self.conn.execute("BEGIN IMMEDIATE")
-            if guard is not None and self.conn.execute(*guard).fetchone()[0] != "pending":
-                self.conn.execute("ROLLBACK")
-                return False
-            for sql, params in statements:
-                self.conn.execute(sql, params)
-            self.conn.execute("COMMIT")
+            fcntl.flock(self.queue, fcntl.LOCK_EX)
+            try:
+                if full:
+                    self.conn.execute("PRAGMA synchronous = FULL")
+                self.conn.execute("BEGIN IMMEDIATE")
+                if guard is not None and self.conn.execute(*guard).fetchone()[0] != "pending":
+                    self.conn.execute("ROLLBACK")
+                    return False
+                for sql, params in statements:
+                    self.conn.execute(sql, params)
+                if wal is not None:
+                    wal.note()
+                self.conn.execute("COMMIT")
+            finally:
+                if full:
+                    self.conn.execute("PRAGMA synchronous = NORMAL")
+                fcntl.flock(self.queue, fcntl.LOCK_UN)
+            if wal is not None:
+                wal.sync()
+            return True
         finally:
-            if full:
-                self.conn.execute("PRAGMA synchronous = NORMAL")
-            fcntl.flock(self.queue, fcntl.LOCK_UN)
-        if durable and not full:
-            os.fdatasync(self.wal)  # the commit is in the WAL; other writers need not wait for the disk
-        return True
+            if wal is not None:
+                wal.close()
 
 
 def sqlite_worker(path: str, name: str, first: int, last: int, seed: int | None,
