@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from mcp_knecht.store.wal_sync import WalFlush  # noqa: E402
+from mcp_knecht.store.wal_sync import WalFlush, share_database_file  # noqa: E402
 from scripts.bench_approvals import fsync_rate, run_approvers  # noqa: E402
 from scripts.bench_http import cpu_seconds  # noqa: E402
 
@@ -92,13 +92,17 @@ class _SQLiteWriter:
         self.queue = os.open(f"{path}-floor-writers", os.O_RDWR | os.O_CREAT, 0o600)
         self.path = path
         self.flush_in_commit = claim_flush == "in-commit"
+        # Held, never released, for as long as the worker's process lives, as the store holds it for as
+        # long as it is open: a flush must not open and close the database file (`store.wal_sync`).
+        self.database_fd = share_database_file(path)
 
     def transaction(self, statements: list[tuple[str, tuple[Any, ...]]], *, durable: bool,
                     guard: tuple[str, tuple[Any, ...]] | None = None) -> bool:
         """Run `statements` in one write transaction; `guard` (a SELECT) must return 'pending' first.
         `durable`: on disk before this returns."""
         # The store's own flush after the lock (the WAL's fdatasync, and the database file's if the WAL restarted).
-        wal = WalFlush.open(self.path) if durable and not self.flush_in_commit else None
+        wal = (WalFlush.open(self.path, self.database_fd)
+               if durable and not self.flush_in_commit and self.database_fd is not None else None)
         full = durable and wal is None
         try:
             fcntl.flock(self.queue, fcntl.LOCK_EX)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,8 @@ import pytest
 
 from mcp_knecht.errors import StoreError
 from mcp_knecht.store import open_database, wal_sync
-from mcp_knecht.store.wal_sync import WalFlush
+from mcp_knecht.store.sqlite import CHECKPOINT_EVERY
+from mcp_knecht.store.wal_sync import WalFlush, release_database_file, share_database_file
 
 pytestmark = pytest.mark.anyio
 
@@ -127,13 +130,16 @@ def test_a_wal_restarted_between_commit_and_flush_makes_the_database_file_flushe
     path = str(tmp_path / "restart.db")
     writer = sqlite3.connect(path, isolation_level=None)
     other = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA user_version = 1")  # the file exists from here on
+    database_fd = share_database_file(path)
+    assert database_fd is not None
     try:
         writer.execute("PRAGMA journal_mode = WAL")
         writer.execute("PRAGMA synchronous = NORMAL")
         writer.execute("CREATE TABLE t (x INTEGER)")
 
         def commit_then(meanwhile: Callable[[], None]) -> None:
-            flush = WalFlush.open(path)
+            flush = WalFlush.open(path, database_fd)
             assert flush is not None
             writer.execute("BEGIN IMMEDIATE")
             writer.execute("INSERT INTO t VALUES (1)")
@@ -156,7 +162,66 @@ def test_a_wal_restarted_between_commit_and_flush_makes_the_database_file_flushe
     finally:
         writer.close()
         other.close()
+        release_database_file(path)
 
 
 def test_without_a_wal_file_there_is_nothing_to_flush_afterwards(tmp_path: Path) -> None:
-    assert WalFlush.open(str(tmp_path / "none.db")) is None  # the store then commits at FULL
+    database = tmp_path / "none.db"
+    database.touch()
+    database_fd = share_database_file(str(database))
+    assert database_fd is not None
+    try:
+        assert WalFlush.open(str(database), database_fd) is None  # the store then commits at FULL
+    finally:
+        release_database_file(str(database))
+
+
+def _another_process_opens_and_closes(path: Path) -> int:
+    """A short-lived process (a CLI, say) reads the database and closes its connection: if it believes
+    it is the last one on the file, SQLite checkpoints and deletes the WAL as it closes."""
+    read = (f"import sqlite3; c = sqlite3.connect({str(path)!r}); "
+            "print(c.execute('SELECT COUNT(*) FROM decisions').fetchone()[0]); c.close()")
+    return int(subprocess.run([sys.executable, "-c", read], check=True, capture_output=True, text=True).stdout)
+
+
+async def _decide(db, count: int) -> None:  # type: ignore[no-untyped-def]
+    for n in range(count):
+        async with db.transaction(durable=True) as tx:
+            await tx.execute("INSERT INTO decisions (what) VALUES (?)", (f"claim {n}",))
+
+
+async def test_a_store_that_flushed_its_database_file_still_holds_its_locks_on_it(tmp_path: Path, disk: _Disk) -> None:
+    """Past a checkpoint the WAL restarts, and a durable commit flushes the database file too. Flushing it must
+    not drop this process's locks on the file (closing any descriptor of it would): otherwise the next process
+    to close its connection takes the store's connections for gone and deletes the WAL they write to."""
+    path = tmp_path / "durable.db"
+    db = await _store(tmp_path)
+    try:
+        await _decide(db, CHECKPOINT_EVERY + 50)
+        assert str(path) in disk.flushed  # the WAL did restart, and the database file was flushed
+        assert _another_process_opens_and_closes(path) == CHECKPOINT_EVERY + 50
+        assert Path(f"{path}-wal").exists()  # it saw the store's connections, and left the WAL alone
+        await _decide(db, 1)
+    finally:
+        await db.close()
+    assert _another_process_opens_and_closes(path) == CHECKPOINT_EVERY + 51
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+async def test_the_database_file_stays_open_until_the_last_store_of_the_process_on_it_closes(
+    tmp_path: Path, disk: _Disk,
+) -> None:
+    path = tmp_path / "durable.db"
+    first = await _store(tmp_path)
+    second = await open_database(f"sqlite:///{path}", migrate=False)
+    try:
+        await _decide(first, CHECKPOINT_EVERY + 50)
+        assert str(path) in disk.flushed
+        await first.close()
+        await _decide(second, 1)
+        _another_process_opens_and_closes(path)
+        assert Path(f"{path}-wal").exists()  # the second store's connections still hold their locks
+    finally:
+        await first.close()
+        await second.close()

@@ -49,7 +49,7 @@ from mcp_knecht.errors import StoreBusyError
 from mcp_knecht.store.health import store_error
 from mcp_knecht.store.kernel_wait import SLICE, wait_in_kernel
 from mcp_knecht.store.turns import release_turns, shared_turns
-from mcp_knecht.store.wal_sync import WalFlush
+from mcp_knecht.store.wal_sync import WalFlush, release_database_file, share_database_file
 
 try:
     import fcntl
@@ -285,7 +285,8 @@ class SQLiteDatabase:
     dialect = "sqlite"
 
     def __init__(self, url: str, reader: aiosqlite.Connection, writer: sqlite3.Connection,
-                 lookups: sqlite3.Connection, writers: _WriterQueue | None = None, *, blocking: bool = False) -> None:
+                 lookups: sqlite3.Connection, writers: _WriterQueue | None = None, *, blocking: bool = False,
+                 database_fd: int | None = None) -> None:
         self.url = url
         self._blocking = blocking
         self._reader = _Reader(reader)
@@ -302,6 +303,7 @@ class SQLiteDatabase:
         self._rows_at_checkpoint = 0
         self._path = sqlite_path(url)
         self._turns = shared_turns(self._path)
+        self._database_fd = database_fd  # from `share_database_file`: released in `close`, never closed here
         self._closed = False
 
     @classmethod
@@ -343,7 +345,8 @@ class SQLiteDatabase:
             writers: _WriterQueue | None = _WriterQueue(path)
         except OSError:  # a read-only folder, or no flock: SQLite alone orders the writers, by polling
             writers = None
-        return cls(url, reader, writer, lookups, writers, blocking=blocking)
+        return cls(url, reader, writer, lookups, writers, blocking=blocking,
+                   database_fd=share_database_file(str(path)))
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
         return await self._reader.fetch_all(sql, params)
@@ -383,7 +386,7 @@ class SQLiteDatabase:
     async def transaction(self, *, durable: bool = False) -> AsyncIterator[_WriterTransaction]:
         """`durable`: the commit is flushed to disk before this returns, after the write lock is let go
         (`store.wal_sync`), so other writers need not wait for the disk."""
-        wal = WalFlush.open(str(self._path)) if durable else None
+        wal = WalFlush.open(str(self._path), self._database_fd) if durable and self._database_fd is not None else None
         at_full = durable and wal is None  # no WAL file to flush afterwards: SQLite flushes in COMMIT
         try:
             async with self._write_lock:
@@ -517,6 +520,9 @@ class SQLiteDatabase:
             logger.warning("SQLite checkpoint of %s failed: %s", self.url, exc)
 
     async def close(self) -> None:
+        if self._closed:  # a second close must not close descriptors that may be reused by now
+            return
+        self._closed = True
         with anyio.CancelScope(shield=True):
             # SQLite's advice: refresh planner statistics where they went stale, cheaply. They are an
             # optimisation: never fail a shutdown over them.
@@ -528,6 +534,6 @@ class SQLiteDatabase:
             self._writer.close()
             if self._writers is not None:
                 self._writers.close()
-            if not self._closed:
-                self._closed = True
-                release_turns(self._path)
+            release_turns(self._path)
+            if self._database_fd is not None:  # after every connection above: see `store.wal_sync`
+                release_database_file(str(self._path))

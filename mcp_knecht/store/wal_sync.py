@@ -27,30 +27,72 @@ later commit survives one that was lost.
 A flush that fails leaves the transaction committed but not known to be on disk: `sync` raises, and
 the caller hears the commit failed. A claim told so never executes, so the proposal stays
 `executing` ("outcome unknown") until a person settles it; it never runs twice.
+
+The database file is flushed through one descriptor per file and process, opened with the first
+store on it and closed after the last (`share_database_file`), never one opened for the flush and
+closed after it. Closing any descriptor of a file drops every POSIX lock the process holds on it,
+SQLite's own among them (https://sqlite.org/howtocorrupt.html, "POSIX advisory locks canceled by a
+separate thread doing close()"). Without its shared lock on the database file, this process's
+connections look gone to the others. The next one to close its last connection then checkpoints
+and deletes the WAL they still write to. Seen on 2026-12-07 with two servers and a third process
+on one file: "database disk image is malformed", and proposals the servers could no longer find.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 _SALT_OFFSET, _SALT_SIZE = 16, 8
 """The WAL header's salt-1 and salt-2 (https://sqlite.org/fileformat2.html#walformat)."""
 
 
-class WalFlush:
-    """One durable commit: `WalFlush.open(path)` before BEGIN, `note()` under SQLite's write lock just
-    before COMMIT (at NORMAL), `sync()` after the lock is released."""
+_SHARED: dict[str, tuple[int, int]] = {}
+_SHARED_GUARD = threading.Lock()
 
-    def __init__(self, database: str, fd: int) -> None:
-        self._database = database
+
+def share_database_file(database: str) -> int | None:
+    """This process's read-only descriptor of the database file at `database` (see the module), for
+    `WalFlush.open`; None when it cannot be opened. Every call is paired with
+    `release_database_file(database)` once the caller's SQLite connections to it are closed."""
+    key = os.path.realpath(database)
+    with _SHARED_GUARD:
+        fd, users = _SHARED.get(key, (-1, 0))
+        if users == 0:
+            try:
+                fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        _SHARED[key] = (fd, users + 1)
+        return fd
+
+
+def release_database_file(database: str) -> None:
+    """One user of `share_database_file(database)` is done; the last one closes the descriptor."""
+    key = os.path.realpath(database)
+    with _SHARED_GUARD:
+        fd, users = _SHARED.pop(key)
+        if users > 1:
+            _SHARED[key] = (fd, users - 1)
+        else:
+            os.close(fd)
+
+
+class WalFlush:
+    """One durable commit: `WalFlush.open(path, database_fd)` before BEGIN, `note()` under SQLite's write
+    lock just before COMMIT (at NORMAL), `sync()` after the lock is released."""
+
+    def __init__(self, database_fd: int, fd: int) -> None:
+        self._database_fd = database_fd
         self._fd = fd
         self._salt = b""
 
     @classmethod
-    def open(cls, database: str) -> WalFlush | None:
-        """None when the WAL file cannot be opened: the caller commits at FULL instead."""
+    def open(cls, database: str, database_fd: int) -> WalFlush | None:
+        """`database_fd`: from `share_database_file`, never closed here. None when the WAL file cannot be
+        opened: the caller commits at FULL instead."""
         try:
-            return cls(database, os.open(f"{database}-wal", os.O_RDONLY | os.O_CLOEXEC))
+            return cls(database_fd, os.open(f"{database}-wal", os.O_RDONLY | os.O_CLOEXEC))
         except OSError:
             return None
 
@@ -64,11 +106,7 @@ class WalFlush:
         try:
             os.fdatasync(self._fd)
             if os.pread(self._fd, _SALT_SIZE, _SALT_OFFSET) != self._salt:
-                database = os.open(self._database, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fdatasync(database)
-                finally:
-                    os.close(database)
+                os.fdatasync(self._database_fd)
         finally:
             self.close()
 
