@@ -5,6 +5,7 @@ records which file it flushed, and waits or fails where a test says so."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import subprocess
@@ -225,3 +226,16 @@ async def test_the_database_file_stays_open_until_the_last_store_of_the_process_
     finally:
         await first.close()
         await second.close()
+
+
+@pytest.mark.slow
+def test_stores_of_several_processes_on_one_file_lose_nothing_while_readers_come_and_go() -> None:
+    """The soak script, briefly: two processes' stores commit durably past several WAL restarts while a
+    third opens and closes plain connections; every commit they were told of is in the file after."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "soak_shared_sqlite.py"
+    run = subprocess.run([sys.executable, str(script), "--writers", "2", "--seconds", "4", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    report = json.loads(run.stdout)
+    assert report["committed"] > 2 * CHECKPOINT_EVERY  # the WAL restarted under them, more than once
+    assert (report["integrity"], report["missing"], report["extra"]) == ("ok", 0, 0)
+    assert (report["writer_errors"], report["reader_errors"], run.returncode) == (0, 0, 0)
