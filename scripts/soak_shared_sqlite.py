@@ -103,7 +103,8 @@ def soak(path: str, writers: int, seconds: float) -> dict[str, Any]:
     conn.close()
     until = time.time() + seconds
     me = str(Path(__file__).resolve())
-    children = [subprocess.Popen([sys.executable, me, "--role", "writer", "--name", f"w{n}", "--db", path,
+    # Names unique to this run, so that a `--db` kept from an earlier run counts only this run's rows.
+    children = [subprocess.Popen([sys.executable, me, "--role", "writer", "--name", f"w{n}-{os.getpid()}", "--db", path,
                                   "--until", str(until)], stdout=subprocess.PIPE, text=True)
                 for n in range(writers)]
     children.append(subprocess.Popen([sys.executable, me, "--role", "reader", "--db", path, "--until", str(until)],
@@ -116,10 +117,10 @@ def soak(path: str, writers: int, seconds: float) -> dict[str, Any]:
                        else {"writer": "?", "committed": 0, "errors": [f"exit status {child.returncode}"]})
     written = [r for r in results if "writer" in r]
     reader = next((r for r in results if "reader_opened" in r), {"reader_opened": 0, "reader_errors": []})
+    committed = sum(w["committed"] for w in written)
     report = {
         "writers": writers, "seconds": seconds,
-        "committed": sum(w["committed"] for w in written),
-        "commits_per_s": round(sum(w["committed"] for w in written) / seconds, 1),
+        "committed": committed, "commits_per_s": round(committed / seconds, 1),
         "writer_errors": sum(len(w["errors"]) for w in written),
         "first_errors": [e for w in written for e in w["errors"]][:3] + reader["reader_errors"][:3],
         "reader_opened": reader["reader_opened"], "reader_errors": len(reader["reader_errors"]),
