@@ -1,9 +1,11 @@
 """Exactly once even when the approver dies: killed mid-execution, the call is never run again.
 
-(Racing approver processes on both stores: tests/test_replicas.py.)"""
+(Racing approver processes on both stores: tests/test_replicas.py; racing ones killed at random:
+the last test here, and `scripts/soak_approver_kills.py` for a longer run.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -108,3 +110,20 @@ async def test_an_operator_settles_an_outcome_unknown_execution_without_running_
         "SELECT subject, outcome, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'settled'",
         (proposal_id,))
     assert [(r["subject"], r["outcome"]) for r in settled] == [("local:carol", "settled")]
+
+
+async def test_racing_approvers_killed_at_random_run_each_proposal_at_most_once_and_claimed_first(
+        database_url: str) -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "soak_approver_kills.py"
+    run = await anyio.run_process(
+        [sys.executable, str(script), "--proposals", "120", "--approvers", "4", "--kills", "8", "--db", database_url,
+         "--json"], check=False)
+    report = json.loads(run.stdout)
+    assert (report["killed"], report["approver_failures"]) == (8, [])
+    assert report["double_executions"] == report["succeeded_without_effect"] == 0
+    assert set(report["statuses"]) <= {"succeeded", "executing"}  # none pending, none failed
+    assert report["executing_left"] <= 8  # only a killed approver leaves an outcome unknown
+    assert report["claims_not_one"] == report["ran_without_claim_audited"] == 0
+    assert report["succeeded_not_audited_once"] == 0
+    assert report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)")
+    assert (report["ok"], run.returncode) == (True, 0), run.stderr.decode()[-2000:]
