@@ -204,7 +204,8 @@ def _integrity(url: str) -> str:
         conn.close()
 
 
-def judge(facts: dict[int, dict[str, Any]], effects: dict[str, int], killed: int) -> dict[str, Any]:
+def judge(facts: dict[int, dict[str, Any]], effects: dict[str, int], may_leave_executing: int) -> dict[str, Any]:
+    """`may_leave_executing`: how many executions the kills could have cut short (one per killed approver)."""
     statuses = Counter(f["status"] for f in facts.values())
     ran = {pid for pid, f in facts.items() if effects.get(f["label"], 0) > 0}
     return {
@@ -213,7 +214,7 @@ def judge(facts: dict[int, dict[str, Any]], effects: dict[str, int], killed: int
         "succeeded_without_effect": sum(1 for pid, f in facts.items() if f["status"] == "succeeded" and pid not in ran),
         "executing_left": statuses.get("executing", 0),
         "executing_that_ran": sum(1 for pid in ran if facts[pid]["status"] == "executing"),
-        "executing_beyond_kills": max(0, statuses.get("executing", 0) - killed),
+        "executing_beyond_kills": max(0, statuses.get("executing", 0) - may_leave_executing),
         "claims_not_one": sum(1 for f in facts.values() if f["audit"]["approved"] != 1),
         "ran_without_claim_audited": sum(1 for pid in ran if facts[pid]["audit"]["approved"] == 0),
         "succeeded_not_audited_once": sum(1 for f in facts.values()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import httpx
@@ -169,3 +171,20 @@ async def test_eight_operators_racing_over_http_on_two_replicas_execute_each_pro
     assert all(len(winners) == 1 for winners in wins.values()), wins
     assert set(refused) == {409} and len(refused) == 24 * 7
     assert await _effects(shared_env["KNECHT_DATABASE_URL"]) == {f"race-{n}": 1 for n in range(24)}
+
+
+async def test_a_server_killed_while_operators_race_through_its_api_runs_nothing_twice(database_url: str) -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "soak_server_kills.py"
+    run = await anyio.run_process(
+        [sys.executable, str(script), "--proposals", "200", "--clients", "4", "--kills", "3", "--db", database_url,
+         "--json"], check=False)
+    report = json.loads(run.stdout)
+    assert report["killed"] == 3 and report["answers"]["asked_again"] > 0  # requests found no server
+    assert (report["client_errors"], report["server_tracebacks"], report["last_approver"]) == ([], 0, "ok")
+    assert report["told_succeeded"] > 0 and report["told_succeeded_but_not"] == 0
+    assert report["double_executions"] == report["succeeded_without_effect"] == 0
+    assert set(report["statuses"]) <= {"succeeded", "executing"}  # none pending, none failed
+    assert report["executing_left"] <= 3 * 4  # at most the decisions in flight when a server died
+    assert report["claims_not_one"] == report["ran_without_claim_audited"] == 0
+    assert report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)")
+    assert (report["ok"], run.returncode) == (True, 0), run.stderr.decode()[-2000:]
