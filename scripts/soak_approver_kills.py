@@ -2,6 +2,7 @@
 """Racing approvers killed with `kill -9` at random moments: every proposal runs at most once, audited first.
 
     python scripts/soak_approver_kills.py [--proposals 400] [--approvers 6] [--kills 20]
+                                          [--stops 0] [--stop-seconds 20]
                                           [--order lockstep|shuffled] [--db URL] [--json]
 
 Stages `--proposals` proposals of the test write tool `record_effect` (its effect inserts one row
@@ -9,7 +10,10 @@ into `test_effects`), then starts `--approvers` approver processes that race to 
 as `knecht-approve` does (its event loop, a blocking store). Every few tens of milliseconds one of
 them that has opened the store is killed with SIGKILL and another takes its place, until `--kills`
 have died: inside a turn, holding the store's write lock, between a claim's commit and its flush,
-mid-execution, wherever the signal lands. Then one last approver, never killed, goes over them all.
+mid-execution, wherever the signal lands. With `--stops`, as many times one is stopped (SIGSTOP)
+for `--stop-seconds` instead, holding whatever it held, and then let go on: the others wait for
+its turn and its write lock at most 15 s each, then go on without the turn or hear "store busy"
+and ask again, as an operator would. Then one last approver, never killed, goes over them all.
 
 Afterwards (the answers a crash may leave are those of `knecht-approve`: an approver killed while
 executing leaves `executing`, "outcome unknown", and nothing ever runs it again):
@@ -53,7 +57,11 @@ from bench_approvals import _effects, _env, _stage  # noqa: E402
 KILL_PAUSE = (0.02, 0.12)
 """Seconds between two kills, drawn at random: a decision takes a few milliseconds, so kills land
 anywhere in it."""
+STOP_SECONDS = 20.0
+"""How long a stopped approver stays stopped: past the turn's and the write lock's 15 s."""
 READY = "ready"
+STORE_BUSY = "The store is busy"
+"""How `StoreBusyError`'s message begins."""
 
 
 # --- one approver (run as a child: --worker) -------------------------------------------------------
@@ -63,22 +71,28 @@ async def _approve_all(name: str, first: int, last: int, seed: int | None) -> di
     from mcp_knecht.app import open_app
     from mcp_knecht.core.approval import Operator
     from mcp_knecht.core.settings import load_settings
-    from mcp_knecht.errors import NotPendingError
+    from mcp_knecht.errors import NotPendingError, StoreBusyError
 
     ids = list(range(first, last + 1))
     if seed is not None:
         random.Random(seed).shuffle(ids)
-    won = lost = 0
+    won = lost = busy = 0
     async with open_app(load_settings(), watch_policy=False, blocking_store=True) as app:
         print(READY, flush=True)
         for proposal_id in ids:
-            try:
-                await app.approvals.approve(proposal_id, Operator(name))
-            except NotPendingError:  # decided by another, or left executing by one killed
-                lost += 1
-            else:
-                won += 1
-    return {"operator": name, "won": won, "lost": lost}
+            while True:
+                try:
+                    await app.approvals.approve(proposal_id, Operator(name))
+                except NotPendingError:  # decided by another, or left executing by one killed
+                    lost += 1
+                except StoreBusyError:  # a stopped approver holds the write lock: retry, as an operator would
+                    busy += 1
+                    await anyio.sleep(0.1)
+                    continue
+                else:
+                    won += 1
+                break
+    return {"operator": name, "won": won, "lost": lost, "busy": busy}
 
 
 def _worker(name: str, first: int, last: int, seed: int | None) -> None:
@@ -128,14 +142,40 @@ class Approver:
         return self.process.returncode, report, "".join(self.errors)
 
 
-def _race_with_kills(env: dict[str, str], approvers: int, kills: int, first: int, last: int,
-                     shuffled: bool, rng: random.Random, progress: bool) -> dict[str, Any]:
+def _decided(url: str, first: int, last: int) -> int:
+    """How many of the proposals are no longer pending, read beside the racers (no store opened)."""
+    sql = f"SELECT COUNT(*) FROM proposals WHERE id BETWEEN {int(first)} AND {int(last)} AND status <> 'pending'"
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)
+        try:
+            return int(conn.execute(sql).fetchone()[0])
+        finally:
+            conn.close()
+
+    async def count() -> int:
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            return int(await conn.fetchval(sql))
+        finally:
+            await conn.close()
+
+    return anyio.run(count)
+
+
+def _race_with_kills(env: dict[str, str], approvers: int, kills: int, stops: int, stop_seconds: float, first: int,
+                     last: int, shuffled: bool, rng: random.Random, progress: bool) -> dict[str, Any]:
     def start(n: int) -> Approver:
         return Approver(f"operator-{n}", first, last, rng.randrange(1 << 30) if shuffled else None, env)
 
+    url = env["KNECHT_DATABASE_URL"]
+    actions = ["kill"] * kills + ["stop"] * stops
+    rng.shuffle(actions)
     running = [start(n) for n in range(approvers)]
     started, done, killed, deadline = approvers, [], 0, time.monotonic() + 600
-    while killed < kills and time.monotonic() < deadline:
+    decided_while_stopped: list[int] = []
+    while actions and time.monotonic() < deadline:
         time.sleep(rng.uniform(*KILL_PAUSE))
         done += [a for a in running if a.process.poll() is not None]
         running = [a for a in running if a.process.poll() is None]
@@ -145,25 +185,35 @@ def _race_with_kills(env: dict[str, str], approvers: int, kills: int, first: int
                 running = [start(started + n) for n in range(approvers)]
                 started += approvers
             continue
-        victim = rng.choice(victims)
-        victim.process.send_signal(signal.SIGKILL)
-        victim.finish(timeout=60)
-        killed += 1
-        running.remove(victim)
-        running.append(start(started))
-        started += 1
+        victim, action = rng.choice(victims), actions.pop()
+        if action == "stop":  # SIGSTOP: it holds whatever it holds (a turn, the write lock) until SIGCONT
+            before = _decided(url, first, last)
+            victim.process.send_signal(signal.SIGSTOP)
+            time.sleep(stop_seconds)
+            decided_while_stopped.append(_decided(url, first, last) - before)
+            victim.process.send_signal(signal.SIGCONT)
+        else:
+            victim.process.send_signal(signal.SIGKILL)
+            victim.finish(timeout=60)
+            killed += 1
+            running.remove(victim)
+            running.append(start(started))
+            started += 1
         if progress:
-            print(f"\r  {killed} of {kills} approvers killed", end="", file=sys.stderr, flush=True)
+            print(f"\r  {killed} of {kills} approvers killed, {len(decided_while_stopped)} of {stops} stopped",
+                  end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    failures, won = [], 0
+    failures, won, busy = [], 0, 0
     for approver in done + running:
         status, report, err = approver.finish(timeout=600)
         if status != 0:
             failures.append(f"{approver.name} exited {status}: {err.strip().splitlines()[-1:]}")
-        else:
-            won += report["won"] if report else 0
-    return {"killed": killed, "approvers_started": started, "approver_failures": failures, "won_by_racers": won}
+        elif report:
+            won, busy = won + report["won"], busy + report["busy"]
+    return {"killed": killed, "stopped": len(decided_while_stopped), "decided_while_stopped": decided_while_stopped,
+            "store_busy_retried": busy, "approvers_started": started, "approver_failures": failures,
+            "won_by_racers": won}
 
 
 def _audit_verify(env: dict[str, str]) -> dict[str, Any]:
@@ -183,12 +233,12 @@ async def _facts(env: dict[str, str], first: int, last: int) -> dict[int, dict[s
 
     async with open_app(load_settings(env=env), watch_policy=False) as app:
         proposals = await app.db.fetch_all(
-            "SELECT id, status, arguments_json FROM proposals WHERE id BETWEEN ? AND ?", (first, last))
+            "SELECT id, status, arguments_json, error FROM proposals WHERE id BETWEEN ? AND ?", (first, last))
         audited = await app.db.fetch_all(
             "SELECT proposal_id, outcome FROM audit_log WHERE source = 'approval' AND proposal_id BETWEEN ? AND ?",
             (first, last))
     facts = {int(p["id"]): {"label": json.loads(p["arguments_json"])["label"], "status": p["status"],
-                            "audit": Counter()} for p in proposals}
+                            "error": p["error"], "audit": Counter()} for p in proposals}
     for row in audited:
         facts[int(row["proposal_id"])]["audit"][row["outcome"]] += 1
     return facts
@@ -219,11 +269,16 @@ def judge(facts: dict[int, dict[str, Any]], effects: dict[str, int], may_leave_e
         "ran_without_claim_audited": sum(1 for pid in ran if facts[pid]["audit"]["approved"] == 0),
         "succeeded_not_audited_once": sum(1 for f in facts.values()
                                           if f["status"] == "succeeded" and f["audit"]["executed"] != 1),
+        "failed_with": sorted({str(f["error"])[:200] for f in facts.values() if f["status"] == "failed"})[:3],
+        # An execution whose own write met the write lock held past the busy timeout (a stopped approver
+        # holding it) fails, and nothing of it ran; any other failure is one.
+        "failed_otherwise": sum(1 for pid, f in facts.items() if f["status"] == "failed"
+                                and (pid in ran or not str(f["error"]).startswith(STORE_BUSY))),
     }
 
 
 def soak(proposals: int, approvers: int, kills: int, order: str, db_url: str | None, seed: int,
-         progress: bool = True) -> dict[str, Any]:
+         progress: bool = True, stops: int = 0, stop_seconds: float = STOP_SECONDS) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="knecht-kills-") as folder:
         url = db_url or f"sqlite:///{folder}/soak.db"
@@ -233,7 +288,8 @@ def soak(proposals: int, approvers: int, kills: int, order: str, db_url: str | N
             print(f"staging {proposals} proposals in {url.split('@')[-1]} …", file=sys.stderr)
         first, last = anyio.run(_stage, env, proposals, tag)
         started = time.perf_counter()
-        race = _race_with_kills(env, approvers, kills, first, last, order == "shuffled", rng, progress)
+        race = _race_with_kills(env, approvers, kills, stops, stop_seconds, first, last, order == "shuffled", rng,
+                                progress)
         seconds = time.perf_counter() - started
         if progress:
             print("last approver, never killed …", file=sys.stderr)
@@ -256,7 +312,8 @@ def soak(proposals: int, approvers: int, kills: int, order: str, db_url: str | N
                     and report["succeeded_without_effect"] == 0 and report["executing_beyond_kills"] == 0
                     and report["claims_not_one"] == 0 and report["ran_without_claim_audited"] == 0
                     and report["succeeded_not_audited_once"] == 0
-                    and set(report["statuses"]) <= {"succeeded", "executing"}
+                    and report["failed_otherwise"] == 0
+                    and set(report["statuses"]) <= {"succeeded", "executing", "failed"}
                     and report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)"))
     return report
 
@@ -267,6 +324,10 @@ def main() -> int:
     parser.add_argument("--proposals", type=int, default=400, help="proposals to decide (default 400)")
     parser.add_argument("--approvers", type=int, default=6, help="approvers racing at a time (default 6)")
     parser.add_argument("--kills", type=int, default=20, help="approvers to kill with SIGKILL (default 20)")
+    parser.add_argument("--stops", type=int, default=0,
+                        help="approvers to stop (SIGSTOP) for --stop-seconds, then let go on (default 0)")
+    parser.add_argument("--stop-seconds", type=float, default=STOP_SECONDS,
+                        help=f"how long each stays stopped (default {STOP_SECONDS:g})")
     parser.add_argument("--order", choices=("lockstep", "shuffled"), default="lockstep",
                         help="all approvers in id order (default), or each in its own order")
     parser.add_argument("--db", help="database URL (default: a SQLite file in a temporary folder)")
@@ -278,10 +339,11 @@ def main() -> int:
         name, first, last, worker_seed = args.worker
         _worker(name, int(first), int(last), int(worker_seed) if worker_seed else None)
         return 0
-    if args.proposals < 1 or args.approvers < 1 or args.kills < 0:
-        parser.error("--proposals and --approvers must be at least 1, --kills at least 0")
+    if args.proposals < 1 or args.approvers < 1 or args.kills < 0 or args.stops < 0 or args.stop_seconds < 0:
+        parser.error("--proposals and --approvers must be at least 1, --kills, --stops and --stop-seconds at least 0")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    report = soak(args.proposals, args.approvers, args.kills, args.order, args.db, seed, progress=not args.json)
+    report = soak(args.proposals, args.approvers, args.kills, args.order, args.db, seed, progress=not args.json,
+                  stops=args.stops, stop_seconds=args.stop_seconds)
     if args.json:
         print(json.dumps(report))
     else:

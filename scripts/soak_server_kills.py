@@ -216,7 +216,8 @@ def soak(proposals: int, clients: int, kills: int, order: str, db_url: str | Non
                     and report["succeeded_without_effect"] == 0 and report["executing_beyond_kills"] == 0
                     and report["claims_not_one"] == 0 and report["ran_without_claim_audited"] == 0
                     and report["succeeded_not_audited_once"] == 0
-                    and set(report["statuses"]) <= {"succeeded", "executing"}
+                    and report["failed_otherwise"] == 0
+                    and set(report["statuses"]) <= {"succeeded", "executing", "failed"}
                     and report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)"))
     return report
 

@@ -121,9 +121,27 @@ async def test_racing_approvers_killed_at_random_run_each_proposal_at_most_once_
     report = json.loads(run.stdout)
     assert (report["killed"], report["approver_failures"]) == (8, [])
     assert report["double_executions"] == report["succeeded_without_effect"] == 0
-    assert set(report["statuses"]) <= {"succeeded", "executing"}  # none pending, none failed
+    assert set(report["statuses"]) <= {"succeeded", "executing"}  # none pending, none failed (nothing was stopped)
     assert report["executing_left"] <= 8  # only a killed approver leaves an outcome unknown
     assert report["claims_not_one"] == report["ran_without_claim_audited"] == 0
     assert report["succeeded_not_audited_once"] == 0
     assert report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)")
+    assert (report["ok"], run.returncode) == (True, 0), run.stderr.decode()[-2000:]
+
+
+async def test_a_racing_approver_stopped_past_the_busy_timeout_holds_the_others_up_but_breaks_nothing(
+        tmp_path: Path) -> None:
+    """Stopped (SIGSTOP) for 16 s wherever it was — holding a turn, the write lock, or nothing — then let go
+    on: the others wait for what it holds at most 15 s each, an execution that met its write lock fails
+    saying the store was busy (nothing of it ran), and still nothing runs twice."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "soak_approver_kills.py"
+    run = await anyio.run_process(
+        [sys.executable, str(script), "--proposals", "300", "--approvers", "4", "--kills", "2", "--stops", "1",
+         "--stop-seconds", "16", "--db", f"sqlite:///{tmp_path / 'store.db'}", "--json"], check=False)
+    report = json.loads(run.stdout)
+    assert (report["killed"], report["stopped"], report["approver_failures"]) == (2, 1, [])
+    assert report["double_executions"] == report["succeeded_without_effect"] == report["failed_otherwise"] == 0
+    assert report["statuses"].get("pending", 0) == 0
+    assert report["claims_not_one"] == report["ran_without_claim_audited"] == 0
+    assert report["audit_verified"] and report["integrity"] == "ok"
     assert (report["ok"], run.returncode) == (True, 0), run.stderr.decode()[-2000:]
