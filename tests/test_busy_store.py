@@ -306,3 +306,17 @@ async def test_a_server_store_lets_other_tasks_run_at_every_write_and_a_cli_stor
     finally:
         await db.close()
     assert ran_before_the_first_statement is not blocking
+
+
+async def test_an_approved_call_that_meets_a_busy_store_fails_and_says_it_must_be_proposed_again(
+    staged_app: App,
+) -> None:
+    from mcp_knecht.core.approval import Operator
+
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    staged = await staged_app.gate.call_tool(alice, "busy_effect", {"label": "the row"})
+    assert staged.outcome == "staged", staged.text
+    decided = await staged_app.approvals.approve(staged.data["id"], Operator("bob"))  # type: ignore[index]
+    assert decided.status == "failed"
+    assert decided.error is not None and decided.error.startswith("The store is busy: the row could not be recorded.")
+    assert decided.error.endswith("This approved call failed with it: to run it, propose it again.")

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.core.toolset import Toolset, ToolsetContext
-from mcp_knecht.errors import ToolError
+from mcp_knecht.errors import StoreBusyError, ToolError
 
 EFFECTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS test_effects ("
@@ -59,6 +59,10 @@ def toolset(context: ToolsetContext) -> Toolset:
     async def fail_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
         raise ToolError(f"could not record {args.label}")
 
+    async def busy_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
+        raise StoreBusyError(f"The store is busy: {args.label} could not be recorded. Nothing was changed; retry "
+                             "in a moment.")
+
     async def memo(args: MemoInput, ctx: ToolContext) -> dict[str, Any]:
         if args.action == "set":
             await record(args.text, "memo", ctx)
@@ -71,6 +75,8 @@ def toolset(context: ToolsetContext) -> Toolset:
              input_model=SlowInput, handler=slow_effect, effect="write"),
         Tool(name="fail_effect", description="Fail to record an effect (test tool).", scope="runs:write",
              input_model=EffectInput, handler=fail_effect, effect="write"),
+        Tool(name="busy_effect", description="Fail as a write that met a busy store does (test tool).",
+             scope="runs:write", input_model=EffectInput, handler=busy_effect, effect="write"),
         Tool(name="memo", description="Read or write a memo (test tool).", scope="runs:write",
              input_model=MemoInput, handler=memo, action_effects={"get": "read", "set": "write"}),
     ])
