@@ -320,3 +320,89 @@ async def test_an_approved_call_that_meets_a_busy_store_fails_and_says_it_must_b
     assert decided.status == "failed"
     assert decided.error is not None and decided.error.startswith("The store is busy: the row could not be recorded.")
     assert decided.error.endswith("This approved call failed with it: to run it, propose it again.")
+
+
+async def _approve_when_started(app: App, proposal_id: int, hold_seconds: float) -> BaseException | object:
+    """Approve `proposal_id` (a `slow_effect`); once its effect has started, another connection takes the write
+    lock for `hold_seconds`. The decision, or what it raised."""
+    from mcp_knecht.core.approval import Operator
+
+    outcome: list[BaseException | object] = []
+
+    async def approve() -> None:
+        try:
+            outcome.append(await app.approvals.approve(proposal_id, Operator("bob")))
+        except Exception as exc:  # the test looks at what it raised
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(approve)
+        with anyio.fail_after(10):
+            while not await app.db.fetch_all("SELECT 1 FROM test_effects WHERE phase = 'started'"):
+                await anyio.sleep(0.01)
+        async with lock_held_elsewhere(_path(app), hold_seconds):
+            pass
+    return outcome[0]
+
+
+async def test_an_execution_that_meets_a_busy_store_records_its_outcome_once_the_lock_is_free(
+    staged_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp_knecht.core import approval
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
+    monkeypatch.setattr(approval, "FINISH_ATTEMPTS", 20)  # 20 tries of 0.3 s outlast the 2 s the lock is held
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    staged = await staged_app.gate.call_tool(alice, "slow_effect", {"label": "held", "seconds": 0.2})
+    decided = await _approve_when_started(staged_app, staged.data["id"], 2.0)  # type: ignore[index]
+    # Its second write met the lock and failed; the outcome waited for the lock instead of being lost.
+    assert getattr(decided, "status", decided) == "failed"
+    assert decided.error.startswith("The store is busy")  # type: ignore[attr-defined]
+    await staged_app.audit.flush()
+    outcomes = [r["outcome"] for r in await staged_app.db.fetch_all(
+        "SELECT outcome FROM audit_log WHERE proposal_id = ? ORDER BY id", (staged.data["id"],))]  # type: ignore[index]
+    assert outcomes == ["staged", "approved", "execution_failed"]
+
+
+async def test_an_outcome_the_busy_store_keeps_out_too_long_is_told_with_how_to_settle_it(
+    staged_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp_knecht.core import approval
+    from mcp_knecht.errors import StoreBusyError
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
+    monkeypatch.setattr(approval, "FINISH_ATTEMPTS", 2)  # 2 tries of 0.3 s, the lock held 2.5 s
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    staged = await staged_app.gate.call_tool(alice, "slow_effect", {"label": "held", "seconds": 0.2})
+    proposal_id = staged.data["id"]  # type: ignore[index]
+    raised = await _approve_when_started(staged_app, proposal_id, 2.5)
+    assert isinstance(raised, StoreBusyError)
+    assert raised.message.startswith(f"Proposal #{proposal_id} was executed (failed), but its outcome could not be")
+    assert f"knecht-approve settle {proposal_id} --outcome failed --reason TEXT --force" in raised.message
+    assert (await staged_app.proposals.get(proposal_id)).status == "executing"  # type: ignore[union-attr]
+
+
+async def test_the_decision_api_answers_a_busy_store_with_503_store_busy_and_decides_once_it_is_free(
+    staged_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+    from starlette.applications import Starlette
+
+    from mcp_knecht.core.auth import TokenVerifier, load_token_settings, mint_token
+    from mcp_knecht.transports.decisions_api import DecisionApi
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
+    tokens = load_token_settings(staged_app.settings, create_dev_secret=False)
+    api = Starlette(routes=DecisionApi(staged_app, TokenVerifier(tokens)).routes())
+    bob = {"Authorization": f"Bearer {mint_token(tokens, subject='bob', scopes=['proposals:decide', 'proposals:read'])}"}
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    staged = await staged_app.gate.call_tool(alice, "record_effect", {"label": "when-free"})
+    approve = f"/api/proposals/{staged.data['id']}/approve"  # type: ignore[index]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api") as client:
+        async with lock_held_elsewhere(_path(staged_app), 1.5):
+            busy = await client.post(approve, json={}, headers=bob)
+        assert busy.status_code == 503  # not an internal error: the operator is told to retry
+        assert busy.json()["error"]["code"] == "store_busy" and "retry" in busy.json()["error"]["message"]
+        decided = await client.post(approve, json={}, headers=bob)
+    assert decided.status_code == 200 and decided.json()["status"] == "succeeded"
+    assert await staged_app.db.fetch_all("SELECT label FROM test_effects") == [{"label": "when-free"}]

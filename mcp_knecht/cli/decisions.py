@@ -30,6 +30,7 @@ from mcp_knecht.errors import (
     KnechtError,
     NotPendingError,
     SelfApprovalError,
+    StoreBusyError,
     TamperedError,
     UsageError,
 )
@@ -109,6 +110,7 @@ _ERRORS: dict[str, type[KnechtError]] = {
     "self_approval": SelfApprovalError, "hash_mismatch": HashMismatchError, "not_pending": NotPendingError,
     "not_found": NotPendingError, "tampered": TamperedError, "usage": UsageError, "bad_request": UsageError,
     "decision": DecisionError, "forbidden": DecisionError, "already_approved": AlreadyApprovedError,
+    "store_busy": StoreBusyError,
 }
 
 

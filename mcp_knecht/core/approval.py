@@ -69,6 +69,10 @@ from mcp_knecht.errors import (
 MIN_EXPECTED_HASH = 8
 SETTLE_AFTER = timedelta(minutes=5)
 """An execution younger than this may still be running: settling it needs `force`."""
+FINISH_ATTEMPTS = 4
+"""Tries at recording an execution's outcome while the store is busy (another process holding its write
+lock past the busy timeout, each try waiting that long): the call has run, and given up, its outcome
+would read "unknown" until a person settles it."""
 
 
 class Operator(msgspec.Struct, frozen=True):
@@ -264,14 +268,26 @@ class ApprovalService:
     async def _execute(self, proposal: Proposal, operator: Operator) -> Proposal:
         """Run a proposal this operator's approval claimed, as the claim left it (`executing`): the row the
         claim changed was the very proposal the operator approved (`Proposal.sealed`), and what runs is
-        that, whatever is written into the row afterwards. Then record the outcome."""
+        that, whatever is written into the row afterwards. Then record the outcome (tried again while the store
+        is busy: `FINISH_ATTEMPTS`)."""
         succeeded, result_json, error = await self._run(proposal)
         outcome: Outcome = "executed" if succeeded else "execution_failed"
-        finished = await self._proposals.finish(
-            proposal.id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
-            audit=self._entry(operator, proposal, outcome, **({"error": error} if error else {})),
-            approvals=proposal.approvals,
-        )
+        audit = self._entry(operator, proposal, outcome, **({"error": error} if error else {}))
+        for attempt in range(1, FINISH_ATTEMPTS + 1):
+            try:
+                finished = await self._proposals.finish(
+                    proposal.id, succeeded=succeeded, result_json=result_json, error=error, now=clock.timestamp(),
+                    audit=audit, approvals=proposal.approvals,
+                )
+                break
+            except StoreBusyError:
+                if attempt == FINISH_ATTEMPTS:
+                    ended = "succeeded" if succeeded else "failed"
+                    raise StoreBusyError(
+                        f"Proposal #{proposal.id} was executed ({ended}), but its outcome could not be recorded: the "
+                        f"store stayed busy through {FINISH_ATTEMPTS} tries. It shows as executing (outcome unknown); "
+                        f"once the store is free, record it with `knecht-approve settle {proposal.id} --outcome "
+                        f"{ended} --reason TEXT --force`.") from None
         if finished is None:  # settled meanwhile by someone who thought this approver gone
             return await self.checked(proposal.id)
         return finished
