@@ -351,9 +351,11 @@ async def test_an_execution_that_meets_a_busy_store_records_its_outcome_once_the
     from mcp_knecht.core import approval
 
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
-    monkeypatch.setattr(approval, "FINISH_ATTEMPTS", 20)  # 20 tries of 0.3 s outlast the 2 s the lock is held
+    # The effect's second write comes 0.6 s after its first (time to take the lock), waits 0.3 s and fails;
+    # 20 tries of 0.3 s outlast the 2 s the lock is held.
+    monkeypatch.setattr(approval, "FINISH_ATTEMPTS", 20)
     alice = Actor("alice", "pytest", frozenset(AGENT))
-    staged = await staged_app.gate.call_tool(alice, "slow_effect", {"label": "held", "seconds": 0.2})
+    staged = await staged_app.gate.call_tool(alice, "slow_effect", {"label": "held", "seconds": 0.6})
     decided = await _approve_when_started(staged_app, staged.data["id"], 2.0)  # type: ignore[index]
     # Its second write met the lock and failed; the outcome waited for the lock instead of being lost.
     assert getattr(decided, "status", decided) == "failed"
@@ -373,7 +375,7 @@ async def test_an_outcome_the_busy_store_keeps_out_too_long_is_told_with_how_to_
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
     monkeypatch.setattr(approval, "FINISH_ATTEMPTS", 2)  # 2 tries of 0.3 s, the lock held 2.5 s
     alice = Actor("alice", "pytest", frozenset(AGENT))
-    staged = await staged_app.gate.call_tool(alice, "slow_effect", {"label": "held", "seconds": 0.2})
+    staged = await staged_app.gate.call_tool(alice, "slow_effect", {"label": "held", "seconds": 0.6})
     proposal_id = staged.data["id"]  # type: ignore[index]
     raised = await _approve_when_started(staged_app, proposal_id, 2.5)
     assert isinstance(raised, StoreBusyError)
