@@ -308,14 +308,17 @@ def soak(proposals: int, approvers: int, kills: int, order: str, db_url: str | N
             "audit_problems": verified.get("problems", [])[:3],
             "integrity": _integrity(url),
         }
-    report["ok"] = (not report["approver_failures"] and report["double_executions"] == 0
-                    and report["succeeded_without_effect"] == 0 and report["executing_beyond_kills"] == 0
-                    and report["claims_not_one"] == 0 and report["ran_without_claim_audited"] == 0
-                    and report["succeeded_not_audited_once"] == 0
-                    and report["failed_otherwise"] == 0
-                    and set(report["statuses"]) <= {"succeeded", "executing", "failed"}
-                    and report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)"))
+    report["ok"] = not report["approver_failures"] and checks_hold(report)
     return report
+
+
+def checks_hold(report: dict[str, Any]) -> bool:
+    """The checks of `judge`, the audit chain and the file, all as they must be."""
+    return (report["double_executions"] == 0 and report["succeeded_without_effect"] == 0
+            and report["executing_beyond_kills"] == 0 and report["claims_not_one"] == 0
+            and report["ran_without_claim_audited"] == 0 and report["succeeded_not_audited_once"] == 0
+            and report["failed_otherwise"] == 0 and set(report["statuses"]) <= {"succeeded", "executing", "failed"}
+            and report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)"))
 
 
 def main() -> int:

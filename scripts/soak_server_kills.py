@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_approvals import _effects, _env, _stage  # noqa: E402
 from bench_decisions_http import _classify, mint_operators  # noqa: E402
-from soak_approver_kills import Approver, _audit_verify, _facts, _integrity, judge  # noqa: E402
+from soak_approver_kills import Approver, _audit_verify, _facts, _integrity, checks_hold, judge  # noqa: E402
 
 KILL_JITTER = (0.0, 0.05)
 """Seconds, drawn at random, between a kill's share of the proposals being decided and the kill: a
@@ -212,13 +212,7 @@ def soak(proposals: int, clients: int, kills: int, order: str, db_url: str | Non
         }
     report["ok"] = (not report["client_errors"] and report["last_approver"] == "ok"
                     and report["server_exit"] == 0 and report["server_tracebacks"] == 0
-                    and report["told_succeeded_but_not"] == 0 and report["double_executions"] == 0
-                    and report["succeeded_without_effect"] == 0 and report["executing_beyond_kills"] == 0
-                    and report["claims_not_one"] == 0 and report["ran_without_claim_audited"] == 0
-                    and report["succeeded_not_audited_once"] == 0
-                    and report["failed_otherwise"] == 0
-                    and set(report["statuses"]) <= {"succeeded", "executing", "failed"}
-                    and report["audit_verified"] and report["integrity"] in ("ok", "not checked (PostgreSQL)"))
+                    and report["told_succeeded_but_not"] == 0 and checks_hold(report))
     return report
 
 
