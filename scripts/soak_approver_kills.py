@@ -12,8 +12,11 @@ them that has opened the store is killed with SIGKILL and another takes its plac
 have died: inside a turn, holding the store's write lock, between a claim's commit and its flush,
 mid-execution, wherever the signal lands. With `--stops`, as many times one is stopped (SIGSTOP)
 for `--stop-seconds` instead, holding whatever it held, and then let go on: the others wait for
-its turn and its write lock at most 15 s each, then go on without the turn or hear "store busy"
-and ask again, as an operator would. Then one last approver, never killed, goes over them all.
+its turn and its write lock (on PostgreSQL, any lock: `lock_timeout`) at most 15 s each, then go
+on without the turn or hear "store busy" and ask again, as an operator would. On PostgreSQL, one
+stopped past the server's `idle_in_transaction_session_timeout` (60 s) inside a transaction has its
+session ended and that transaction rolled back; going on, it is told so and asks again. Then one
+last approver, never killed, goes over them all.
 
 Afterwards (the answers a crash may leave are those of `knecht-approve`: an approver killed while
 executing leaves `executing`, "outcome unknown", and nothing ever runs it again):
@@ -62,6 +65,8 @@ STOP_SECONDS = 20.0
 READY = "ready"
 STORE_BUSY = "The store is busy"
 """How `StoreBusyError`'s message begins."""
+SESSION_ENDED = "inside a write transaction, so the transaction was rolled back"
+"""What a PostgreSQL store says once the server ended a session left idle in its transaction."""
 
 
 # --- one approver (run as a child: --worker) -------------------------------------------------------
@@ -71,12 +76,12 @@ async def _approve_all(name: str, first: int, last: int, seed: int | None) -> di
     from mcp_knecht.app import open_app
     from mcp_knecht.core.approval import Operator
     from mcp_knecht.core.settings import load_settings
-    from mcp_knecht.errors import NotPendingError, StoreBusyError
+    from mcp_knecht.errors import NotPendingError, StoreBusyError, StoreError
 
     ids = list(range(first, last + 1))
     if seed is not None:
         random.Random(seed).shuffle(ids)
-    won = lost = busy = 0
+    won = lost = busy = ended = 0
     async with open_app(load_settings(), watch_policy=False, blocking_store=True) as app:
         print(READY, flush=True)
         for proposal_id in ids:
@@ -89,10 +94,15 @@ async def _approve_all(name: str, first: int, last: int, seed: int | None) -> di
                     busy += 1
                     await anyio.sleep(0.1)
                     continue
+                except StoreError as exc:
+                    if SESSION_ENDED not in exc.message:
+                        raise
+                    ended += 1  # this one was stopped past PostgreSQL's idle timeout: its claim was undone
+                    continue
                 else:
                     won += 1
                 break
-    return {"operator": name, "won": won, "lost": lost, "busy": busy}
+    return {"operator": name, "won": won, "lost": lost, "busy": busy, "sessions_ended": ended}
 
 
 def _worker(name: str, first: int, last: int, seed: int | None) -> None:
@@ -204,15 +214,16 @@ def _race_with_kills(env: dict[str, str], approvers: int, kills: int, stops: int
                   end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    failures, won, busy = [], 0, 0
+    failures, won, busy, ended = [], 0, 0, 0
     for approver in done + running:
         status, report, err = approver.finish(timeout=600)
         if status != 0:
             failures.append(f"{approver.name} exited {status}: {err.strip().splitlines()[-1:]}")
         elif report:
-            won, busy = won + report["won"], busy + report["busy"]
+            won, busy, ended = won + report["won"], busy + report["busy"], ended + report["sessions_ended"]
     return {"killed": killed, "stopped": len(decided_while_stopped), "decided_while_stopped": decided_while_stopped,
-            "store_busy_retried": busy, "approvers_started": started, "approver_failures": failures,
+            "store_busy_retried": busy, "sessions_ended_retried": ended, "approvers_started": started,
+            "approver_failures": failures,
             "won_by_racers": won}
 
 

@@ -82,10 +82,12 @@ def test_lock_keys_are_stable_signed_64_bit_integers() -> None:
     assert -(2**63) <= key < 2**63
 
 
-def test_pool_options_are_taken_from_the_url_and_the_rest_goes_to_the_driver() -> None:
+def test_pool_options_are_taken_from_the_url_the_rest_goes_to_the_driver_with_our_session_settings() -> None:
     dsn, pool = split_url("postgresql://u@h/db?pool_max_size=4&search_path=team&pool_min_size=2")
     assert pool == {"min_size": 2, "max_size": 4}
-    assert dsn == "postgresql://u@h/db?search_path=team"
+    assert dsn == ("postgresql://u@h/db?search_path=team&lock_timeout=15s&idle_in_transaction_session_timeout=60s")
+    dsn, _ = split_url("postgresql://u@h/db?lock_timeout=2min")  # a setting the URL names is left as it says
+    assert dsn == "postgresql://u@h/db?lock_timeout=2min&idle_in_transaction_session_timeout=60s"
 
 
 # --- The interface ------------------------------------------------------------------------------

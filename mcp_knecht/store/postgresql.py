@@ -23,7 +23,15 @@ Every difference from SQLite lives in this module and in `sql/postgresql/`:
   snapshot, so when BEGIN arrives changes nothing a statement sees;
 - `fetch_all_with(writes, sql)`: `WITH _w0 AS (write), … sql`, one round trip (an approval with its
   claim, an audit row with the chain's head). The statements of such a WITH share one snapshot and
-  run in no set order, which is why callers may only join writes that do not depend on each other.
+  run in no set order, which is why callers may only join writes that do not depend on each other;
+- waits are bounded, as SQLite's busy timeout bounds them: every session sets `lock_timeout`
+  (`LOCK_TIMEOUT`), so a statement that waits that long for a lock (an advisory lock, a row, a
+  table) fails with `StoreBusyError` and its transaction is rolled back, instead of every writer
+  queueing for ever behind a process that was stopped (SIGSTOP, a debugger) or cut off while it held
+  one. And `idle_in_transaction_session_timeout` (`IDLE_IN_TRANSACTION_TIMEOUT`) lets the server end
+  such a holder's session, rolling its transaction back, so the locks come free without anyone
+  killing it: none of our transactions waits between statements for anything but the database.
+  The URL may set either (`?lock_timeout=30s`); a setting it names is left as it says.
 
 Driver errors (asyncpg's, and OS errors of the connection) become `StoreError` here.
 """
@@ -42,7 +50,7 @@ import anyio
 import asyncpg
 
 from mcp_knecht.core.database import Params, Row
-from mcp_knecht.errors import ConfigError, StoreError
+from mcp_knecht.errors import ConfigError, StoreBusyError, StoreError
 from mcp_knecht.store.health import store_error
 from mcp_knecht.store.turns import Turns
 
@@ -51,6 +59,13 @@ DEFAULT_POOL_MAX = 10
 CONNECT_TIMEOUT = 10.0
 _POOL_OPTIONS = {"pool_min_size": "min_size", "pool_max_size": "max_size"}
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+LOCK_TIMEOUT = "15s"
+"""How long a statement waits for a lock before it fails with "store busy" (SQLite's busy timeout)."""
+IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+"""How long the server lets a session sit inside a transaction, sending nothing, before it ends the
+session and rolls the transaction back (its process was stopped or cut off)."""
+_SESSION_DEFAULTS = {"lock_timeout": LOCK_TIMEOUT, "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 # --- Placeholders --------------------------------------------------------------------------------
@@ -116,6 +131,11 @@ def _rowcount(status: str) -> int:
 
 def _store_error(what: str, exc: BaseException) -> StoreError:
     sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate == _LOCK_NOT_AVAILABLE:
+        return StoreBusyError(
+            "The store is busy: a lock it needs has been held elsewhere for longer than PostgreSQL's lock_timeout "
+            f"({LOCK_TIMEOUT} unless the database URL sets it). Nothing was changed; retry in a moment.",
+            details={"sqlstate": sqlstate})
     detail = str(exc) or type(exc).__name__
     return store_error("postgresql", f"{what}: {detail}", {"sqlstate": sqlstate} if sqlstate else {})
 
@@ -127,7 +147,8 @@ def split_url(url: str) -> tuple[str, dict[str, int]]:
     """The DSN for asyncpg and our own pool options (`?pool_min_size=&pool_max_size=`).
 
     Other query parameters go to asyncpg as usual (e.g. `sslmode`, or a setting such as
-    `search_path=team_a`, which asyncpg sends as a server setting)."""
+    `search_path=team_a`, which asyncpg sends as a server setting). The session settings we need
+    (`_SESSION_DEFAULTS`) are added to the DSN unless it names them."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise ConfigError(f"Not a PostgreSQL URL: {url!r}")
@@ -141,6 +162,8 @@ def split_url(url: str) -> tuple[str, dict[str, int]]:
             pool[_POOL_OPTIONS[key]] = int(value)
         else:
             rest.append((key, value))
+    named = {key for key, _ in rest}
+    rest += [(key, value) for key, value in _SESSION_DEFAULTS.items() if key not in named]
     pool["min_size"] = min(pool["min_size"], pool["max_size"])
     return urlunsplit(parts._replace(query=urlencode(rest))), pool
 
@@ -176,6 +199,22 @@ class _PgTransaction:
         except _DRIVER_ERRORS as exc:
             raise _store_error("Cannot start a write transaction", exc) from exc
 
+    def _closed(self) -> bool:
+        try:
+            return self._conn.is_closed()
+        except asyncpg.InterfaceError:  # the pool has already let go of a connection the server ended
+            return True
+
+    def _failed(self, exc: BaseException) -> StoreError:
+        if self._closed():
+            return store_error(
+                "postgresql",
+                "The connection to PostgreSQL closed inside a write transaction, so the transaction was rolled back "
+                "and nothing of it was written. (The server ends a session that sits idle in a transaction for "
+                f"{IDLE_IN_TRANSACTION_TIMEOUT} unless the database URL says otherwise: was this process stopped?) "
+                f"Retry. (The driver said: {exc})")
+        return _store_error("Database statement failed", exc)
+
     async def _before(self, sql: str) -> None:
         """BEGIN, if this is the first statement. Remember tables given explicit ids; before the first
         insert that leaves the id to the sequence, move that sequence past them (as SQLite would number
@@ -196,14 +235,14 @@ class _PgTransaction:
         try:
             return [dict(r) for r in await self._conn.fetch(translate_placeholders(sql), *params)]
         except _DRIVER_ERRORS as exc:
-            raise _store_error("Database statement failed", exc) from exc
+            raise self._failed(exc) from exc
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
         await self._before(sql)
         try:
             row = await self._conn.fetchrow(translate_placeholders(sql), *params)
         except _DRIVER_ERRORS as exc:
-            raise _store_error("Database statement failed", exc) from exc
+            raise self._failed(exc) from exc
         return dict(row) if row is not None else None
 
     async def execute(self, sql: str, params: Params = ()) -> int:
@@ -213,7 +252,7 @@ class _PgTransaction:
         try:
             return _rowcount(await self._conn.execute(translate_placeholders(sql), *params))
         except _DRIVER_ERRORS as exc:
-            raise _store_error("Database statement failed", exc) from exc
+            raise self._failed(exc) from exc
 
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
         if not rows:
@@ -222,7 +261,7 @@ class _PgTransaction:
         try:
             await self._conn.executemany(translate_placeholders(sql), rows)
         except _DRIVER_ERRORS as exc:
-            raise _store_error("Database statement failed", exc) from exc
+            raise self._failed(exc) from exc
 
     async def fetch_all_with(self, writes: Sequence[tuple[str, Params]], sql: str, params: Params = ()) -> list[Row]:
         """`WITH _w0 AS (write), … sql`: the writes run in the statement's snapshot, all or none."""

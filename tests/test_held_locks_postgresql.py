@@ -1,0 +1,128 @@
+"""A PostgreSQL lock held by another session does not stop the server for ever: a statement waits
+at most the `lock_timeout` every session of ours sets, then fails with "store busy, retry" and
+changes nothing; and a session left idle inside its transaction (its process stopped) is ended by
+the server, so the locks it held come free without anyone killing it (`store/postgresql.py`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import asyncpg
+import pytest
+
+from mcp_knecht import testing
+from mcp_knecht.app import App
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.errors import StoreBusyError, StoreError
+from mcp_knecht.store import open_database
+from mcp_knecht.store.audit_log import verify_chain
+from mcp_knecht.store.postgresql import lock_key, split_url
+from tests.staging import AGENT
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def database_url(pg_url: str) -> str:
+    """This file is about PostgreSQL's lock waits; a short lock_timeout, as a URL may set it."""
+    return f"{pg_url}&lock_timeout=300ms"
+
+
+@asynccontextmanager
+async def lock_held_elsewhere(url: str, name: str) -> AsyncIterator[None]:
+    """Another session (as another replica or a stopped approver would) holds our advisory lock `name`."""
+    holder = await asyncpg.connect(split_url(url)[0])
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
+        yield
+        await holder.execute("ROLLBACK")
+    finally:
+        await holder.close()
+
+
+async def test_every_session_bounds_its_lock_waits_and_idle_transactions(pg_url: str) -> None:
+    db = await open_database(pg_url)
+    try:
+        async with db.transaction() as tx:  # the pool's sessions, as the store opens them
+            lock_timeout = (await tx.fetch_one("SHOW lock_timeout") or {})["lock_timeout"]
+            idle = (await tx.fetch_one("SHOW idle_in_transaction_session_timeout") or {})
+        assert lock_timeout == "15s"
+        assert idle["idle_in_transaction_session_timeout"] == "1min"
+    finally:
+        await db.close()
+
+
+async def test_past_the_lock_timeout_a_write_says_store_busy_and_the_server_goes_on(staged_app: App) -> None:
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    url = staged_app.settings.database_url
+    async with lock_held_elsewhere(url, "audit_log"):  # every audit row extends the chain under it
+        started = time.perf_counter()
+        busy = await staged_app.gate.call_tool(alice, "record_effect", {"label": "too-soon"})
+        waited = time.perf_counter() - started
+        read = await staged_app.gate.call_tool(alice, "list_projects", {})
+        assert not read.is_error  # reads do not wait for the lock
+    assert busy.is_error and busy.error_code == "store_busy" and "retry" in busy.text
+    assert 0.25 <= waited < 5  # it waited the lock_timeout, not for ever
+    assert await staged_app.db.fetch_all("SELECT id FROM proposals") == []  # the busy write changed nothing
+    async with testing.connect(staged_app, testing.actor("alice", AGENT)) as client:
+        later = await client.call_tool("record_effect", {"label": "afterwards"})
+    assert not later.is_error
+    with anyio.fail_after(10):
+        await staged_app.audit.flush()
+    outcomes = [r["outcome"] for r in await staged_app.db.fetch_all("SELECT outcome FROM audit_log ORDER BY id")]
+    assert outcomes.count("staged") == 1 and "failed" in outcomes and "ran" in outcomes  # all on record
+    assert await verify_chain(staged_app.db, staged_app.audit.chain) == []
+
+
+async def test_a_session_idle_in_its_transaction_is_ended_and_its_locks_come_free(pg_url: str) -> None:
+    """A process stopped inside a write transaction sends nothing: the server ends its session after
+    `idle_in_transaction_session_timeout` (1 s here, set in the URL as an operator may), the others
+    get the lock, and the stopped writer, once it goes on, is told its transaction was rolled back."""
+    stalled = await open_database(f"{pg_url}&idle_in_transaction_session_timeout=1s")
+    other = await open_database(pg_url)
+    try:
+        async with other.transaction() as tx:
+            await tx.execute("CREATE TABLE ledger (entry TEXT)")
+        with pytest.raises(StoreError, match="rolled back and nothing of it was written"):
+            async with stalled.transaction() as tx:
+                await tx.lock("ledger")
+                await tx.execute("INSERT INTO ledger VALUES ('stalled')")
+                async with anyio.create_task_group() as others:
+                    async def write_meanwhile() -> None:
+                        started = time.monotonic()
+                        async with other.transaction() as tx2:
+                            await tx2.lock("ledger")
+                            await tx2.execute("INSERT INTO ledger VALUES ('other')")
+                        assert 0.5 < time.monotonic() - started < 10
+
+                    others.start_soon(write_meanwhile)
+                    await anyio.sleep(2.5)  # stopped: nothing sent
+                await tx.execute("INSERT INTO ledger VALUES ('stalled again')")
+        assert [r["entry"] for r in await other.fetch_all("SELECT entry FROM ledger")] == ["other"]
+        async with stalled.transaction() as tx:  # the pool replaced the ended session
+            await tx.execute("INSERT INTO ledger VALUES ('later')")
+        assert sorted(r["entry"] for r in await other.fetch_all("SELECT entry FROM ledger")) == ["later", "other"]
+    finally:
+        await stalled.close()
+        await other.close()
+
+
+async def test_an_approval_that_meets_a_held_lock_says_store_busy_and_claims_nothing(staged_app: App) -> None:
+    """An approval whose claim meets the held chain lock: `StoreBusyError`, nothing claimed, the
+    proposal still pending; once the lock is free the same approval runs it once."""
+    from mcp_knecht.core.approval import Operator
+
+    alice = Actor("alice", "pytest", frozenset(AGENT))
+    staged = await staged_app.gate.call_tool(alice, "record_effect", {"label": "held"})
+    proposal_id = staged.data["id"]  # type: ignore[index]
+    async with lock_held_elsewhere(staged_app.settings.database_url, "audit_log"):
+        with pytest.raises(StoreBusyError, match="retry in a moment"):
+            await staged_app.approvals.approve(proposal_id, Operator("bob"))
+    assert (await staged_app.approvals.checked(proposal_id)).status == "pending"
+    decided = await staged_app.approvals.approve(proposal_id, Operator("bob"))
+    assert decided.status == "succeeded"
+    assert len(await staged_app.db.fetch_all("SELECT * FROM test_effects WHERE label = 'held'")) == 1
