@@ -201,7 +201,7 @@ class _PgTransaction:
 
     def _closed(self) -> bool:
         try:
-            return self._conn.is_closed()
+            return bool(self._conn.is_closed())
         except asyncpg.InterfaceError:  # the pool has already let go of a connection the server ended
             return True
 
