@@ -126,3 +126,16 @@ async def test_an_approval_that_meets_a_held_lock_says_store_busy_and_claims_not
     decided = await staged_app.approvals.approve(proposal_id, Operator("bob"))
     assert decided.status == "succeeded"
     assert len(await staged_app.db.fetch_all("SELECT * FROM test_effects WHERE label = 'held'")) == 1
+
+
+async def test_a_slow_reader_of_a_stream_is_not_ended_as_idle(pg_url: str) -> None:
+    """`audit verify` into a paused pager: a read-only stream holds no lock a writer waits for."""
+    db = await open_database(f"{pg_url}&idle_in_transaction_session_timeout=500ms")
+    try:
+        read = []
+        async for row in db.stream("SELECT n FROM generate_series(1, 3) AS n", batch=1):
+            read.append(row["n"])
+            await anyio.sleep(0.8)
+        assert read == [1, 2, 3]
+    finally:
+        await db.close()

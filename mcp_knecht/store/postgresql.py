@@ -355,9 +355,12 @@ class PostgresDatabase:
         return await self.fetch_all(sql, params)
 
     async def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
-        """Rows one batch at a time through a server-side cursor (a read-only transaction)."""
+        """Rows one batch at a time through a server-side cursor (a read-only transaction). A reader may
+        take its time between batches (a paused pager): the idle timeout, there to free locks writers
+        wait for, is lifted for this transaction, which holds none they need."""
         try:
             async with self._pool.acquire() as conn, conn.transaction(readonly=True):
+                await conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
                 cursor = await conn.cursor(translate_placeholders(sql), *params)
                 while rows := await cursor.fetch(batch):
                     for row in rows:
