@@ -16,6 +16,7 @@ import pytest
 from mcp_knecht import testing
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.database import Transaction
 from mcp_knecht.errors import StoreBusyError, StoreError
 from mcp_knecht.store import open_database
 from mcp_knecht.store.audit_log import verify_chain
@@ -109,6 +110,44 @@ async def test_a_session_idle_in_its_transaction_is_ended_and_its_locks_come_fre
     finally:
         await stalled.close()
         await other.close()
+
+
+async def _write_twice(tx: Transaction, failed: list[StoreError]) -> None:
+    await tx.execute("INSERT INTO ledger VALUES ('stalled')")
+    # Its answer and the server's goodbye were read at once: the answer woke it here, the goodbye left the
+    # driver in an error state, and the connection is not closed yet.
+    try:
+        await tx.execute("INSERT INTO ledger VALUES ('stalled again')")
+    except StoreError as exc:
+        failed.append(exc)
+
+
+async def test_a_writer_whose_whole_process_stood_still_is_told_its_transaction_was_rolled_back(pg_url: str) -> None:
+    """Stopped for real (SIGSTOP, a debugger): its event loop does not run either, so when it goes on, the
+    driver has not yet seen the server end the session, and its next statement meets a connection in an
+    error state (asyncpg's `InternalClientError`) or a closed one. Either way: a `StoreError` saying what
+    happened, and the store's next transaction works."""
+    stalled = await open_database(f"{pg_url}&idle_in_transaction_session_timeout=300ms")
+    try:
+        async with stalled.transaction() as tx:
+            await tx.execute("CREATE TABLE ledger (entry TEXT)")
+        for _ in range(3):
+            with pytest.raises(StoreError, match="rolled back and nothing of it was written"):
+                async with stalled.transaction() as tx:
+                    await tx.lock("ledger")
+                    failed: list[StoreError] = []
+                    async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(_write_twice, tx, failed)
+                        await anyio.sleep(0)  # the first is sent; its answer comes while the process stands still
+                        time.sleep(0.8)  # the whole process stands still, its event loop too
+                    if failed:
+                        raise failed[0]
+            async with stalled.transaction() as tx:
+                await tx.lock("ledger")
+                await tx.execute("INSERT INTO ledger VALUES ('later')")
+        assert [r["entry"] for r in await stalled.fetch_all("SELECT entry FROM ledger")] == ["later"] * 3
+    finally:
+        await stalled.close()
 
 
 async def test_an_approval_that_meets_a_held_lock_says_store_busy_and_claims_nothing(staged_app: App) -> None:

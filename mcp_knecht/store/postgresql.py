@@ -58,7 +58,9 @@ DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
 CONNECT_TIMEOUT = 10.0
 _POOL_OPTIONS = {"pool_min_size": "min_size", "pool_max_size": "max_size"}
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+"""What the driver raises; `InternalClientError` too: it is what a statement meets when the server has ended
+the session and the driver has not yet seen the connection close (a process stopped, then let go on)."""
 LOCK_TIMEOUT = "15s"
 """How long a statement waits for a lock before it fails with "store busy" (SQLite's busy timeout)."""
 IDLE_IN_TRANSACTION_TIMEOUT = "60s"
@@ -205,15 +207,17 @@ class _PgTransaction:
         except asyncpg.InterfaceError:  # the pool has already let go of a connection the server ended
             return True
 
-    def _failed(self, exc: BaseException) -> StoreError:
-        if self._closed():
+    def _failed(self, exc: BaseException, what: str = "Database statement failed") -> StoreError:
+        if self._closed() or isinstance(exc, asyncpg.InternalClientError):
+            with contextlib.suppress(asyncpg.InterfaceError):  # the connection is of no more use: the pool drops it
+                self._conn.terminate()
             return store_error(
                 "postgresql",
-                "The connection to PostgreSQL closed inside a write transaction, so the transaction was rolled back "
-                "and nothing of it was written. (The server ends a session that sits idle in a transaction for "
-                f"{IDLE_IN_TRANSACTION_TIMEOUT} unless the database URL says otherwise: was this process stopped?) "
-                f"Retry. (The driver said: {exc})")
-        return _store_error("Database statement failed", exc)
+                "The connection to PostgreSQL closed or broke inside a write transaction, so the transaction was "
+                "rolled back and nothing of it was written. (The server ends a session that sits idle in a "
+                f"transaction for {IDLE_IN_TRANSACTION_TIMEOUT} unless the database URL says otherwise: was this "
+                f"process stopped?) Retry. (The driver said: {exc})")
+        return _store_error(what, exc)
 
     async def _before(self, sql: str) -> None:
         """BEGIN, if this is the first statement. Remember tables given explicit ids; before the first
@@ -285,7 +289,7 @@ class _PgTransaction:
                 self._begun = True
                 await self._conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(name):d})")
         except _DRIVER_ERRORS as exc:
-            raise _store_error(f"Cannot take the lock {name!r}", exc) from exc
+            raise self._failed(exc, f"Cannot take the lock {name!r}") from exc
 
     async def sync_sequences(self, tables: Sequence[str] | None = None) -> None:
         """Move identity sequences past the largest id (only ever forward)."""
