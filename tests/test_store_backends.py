@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp, timestamp_ns
@@ -477,10 +478,11 @@ async def test_a_lock_wait_cancelled_on_postgresql_is_rolled_back_before_its_con
 
 async def test_both_stores_answer_the_knecht_queries_identically(tmp_path: Any, pg_url: str) -> None:
     answers = []
+    now = clock.now()  # one clock for both: the data's window is dated to the minute
     for url in (f"sqlite:///{tmp_path / 'same.db'}", pg_url):
         store = await open_store(url)
         try:
-            await fill_demo_data(store, runs=300)
+            await fill_demo_data(store, runs=300, now=now)
             answers.append([
                 await projects.list_projects(store),
                 await projects.get_project(store, 2),
