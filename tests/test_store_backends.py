@@ -179,6 +179,28 @@ async def test_writes_sent_with_a_statement_land_with_it_or_not_at_all(db: Datab
     assert len(await db.fetch_all("SELECT note FROM journal")) == 2
 
 
+async def test_a_write_held_for_the_next_statement_lands_with_its_transaction_or_not_at_all(db: Database) -> None:
+    async with db.transaction() as tx:
+        await tx.execute("CREATE TABLE journal (note TEXT PRIMARY KEY)")
+    async with db.transaction() as tx:
+        await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("with the lock",))
+        await tx.lock("journal")
+        await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("with the commit",))
+    assert [r["note"] for r in await db.fetch_all("SELECT note FROM journal ORDER BY note")] == [
+        "with the commit", "with the lock"]
+
+    with pytest.raises(StoreError):  # it fails where it was sent: the transaction is gone with it
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO journal (note) VALUES (?)", ("lost",))
+            await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("with the lock",))
+            await tx.lock("journal")
+    with pytest.raises(RuntimeError):  # the transaction fails before it is sent: it never lands
+        async with db.transaction() as tx:
+            await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("never",))
+            raise RuntimeError("the caller gave up")
+    assert len(await db.fetch_all("SELECT note FROM journal")) == 2
+
+
 async def test_a_lookup_sees_what_is_committed_and_nothing_of_a_transaction_in_flight(db: Database) -> None:
     async with db.transaction() as tx:
         await tx.execute("CREATE TABLE keyed (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
@@ -427,6 +449,27 @@ async def test_a_postgresql_transaction_sends_begin_and_writes_with_the_next_sta
                         "WITH _w0 AS (INSERT INTO ledger (code, amount) VALUES ($1, $2))"
                         " UPDATE ledger SET amount = $3 WHERE code = $4",
                         "COMMIT"]
+
+        sent.clear()  # a write held back goes with the next lock, or before the next other statement or COMMIT
+        async with store.transaction() as tx:
+            await tx.execute("UPDATE ledger SET amount = ? WHERE code = ?", (102, "a"))
+            await tx.execute_with_next("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("d", 4))
+            await tx.lock("ledger")
+            await tx.execute_with_next("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("e", 5))
+            await tx.execute("UPDATE ledger SET amount = amount + 1 WHERE code = ?", ("e",))
+            await tx.execute_with_next("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("f", 6))
+        assert sent == ["BEGIN", "UPDATE ledger SET amount = $1 WHERE code = $2",
+                        "WITH _w0 AS (INSERT INTO ledger (code, amount) VALUES ($1, $2))"
+                        " SELECT pg_advisory_xact_lock($3)",
+                        "INSERT INTO ledger (code, amount) VALUES ($1, $2)",
+                        "UPDATE ledger SET amount = amount + 1 WHERE code = $1",
+                        "INSERT INTO ledger (code, amount) VALUES ($1, $2)",
+                        "COMMIT"]
+        assert {r["code"]: r["amount"] for r in await store.fetch_all("SELECT code, amount FROM ledger")} == {
+            "a": 102, "c": 1, "d": 4, "e": 6, "f": 6}
+        async with store.transaction() as tx:
+            await tx.execute("DELETE FROM ledger WHERE code IN ('d', 'e', 'f')")
+            await tx.execute("UPDATE ledger SET amount = 101 WHERE code = 'a'")
 
         sent.clear()
         async with store.transaction():

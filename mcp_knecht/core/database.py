@@ -37,6 +37,13 @@ class Transaction(Protocol):
         statements, one round trip). Their order is not defined and none of them sees what another one
         writes: only for statements that do not depend on each other."""
         ...
+    async def execute_with_next(self, sql: str, params: Params = ()) -> None:
+        """An INSERT, UPDATE or DELETE whose row count nobody needs, sent with this transaction's next
+        `lock` or `fetch_all_with` where the backend can (PostgreSQL: as a data-modifying WITH of that
+        statement, one round trip fewer; SQLite runs it at once), else on its own before the next other
+        statement or the commit. Only for a write that depends on nothing that statement writes and that
+        nothing reads before the commit (an outbox event); a failure of it fails that statement."""
+        ...
     async def lock(self, name: str) -> None:
         """Serialise this transaction with every other one that locks `name`, across processes
         and replicas, until it ends (SQLite's write lock already does; PostgreSQL needs more)."""

@@ -74,7 +74,7 @@ class OutboxWriter:
         event = EVENT_FOR_STATUS.get(proposal.status)
         if event is None:
             return
-        await tx.execute(
+        await tx.execute_with_next(  # nothing reads it before the commit: it goes with the next statement
             "INSERT INTO notify_outbox (uid, event, proposal_id, payload_json, created_at) VALUES (?, ?, ?, ?, ?)",
             (f"evt_{uuid.uuid4().hex}", event, proposal.id, snapshot(proposal, event, self._scrub), timestamp()),
         )

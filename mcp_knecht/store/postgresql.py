@@ -24,6 +24,9 @@ Every difference from SQLite lives in this module and in `sql/postgresql/`:
 - `fetch_all_with(writes, sql)`: `WITH _w0 AS (write), … sql`, one round trip (an approval with its
   claim, an audit row with the chain's head). The statements of such a WITH share one snapshot and
   run in no set order, which is why callers may only join writes that do not depend on each other;
+- `execute_with_next(write)`: held back, then sent as such a WITH of the next `lock()` or
+  `fetch_all_with` (a status change's outbox event goes with the audit chain's lock: one round trip
+  fewer in every decision's claim and finish), or on its own before any other statement or COMMIT;
 - waits are bounded, as SQLite's busy timeout bounds them: every session sets `lock_timeout`
   (`LOCK_TIMEOUT`), so a statement that waits that long for a lock (an advisory lock, a row, a
   table) fails with `StoreBusyError` and its transaction is rolled back, instead of every writer
@@ -68,6 +71,7 @@ IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 session and rolls the transaction back (its process was stopped or cut off)."""
 _SESSION_DEFAULTS = {"lock_timeout": LOCK_TIMEOUT, "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
 _LOCK_NOT_AVAILABLE = "55P03"
+_MAX_TAKEN_ALONG = 16
 
 
 # --- Placeholders --------------------------------------------------------------------------------
@@ -191,6 +195,8 @@ class _PgTransaction:
         self._explicit_ids: set[str] = set()
         self._begun = False
         """BEGIN has been sent (with the first statement: see the module)."""
+        self._with_next: list[tuple[str, Params]] = []
+        """Writes held back for the next statement that can take them along (`execute_with_next`)."""
 
     async def _begin(self) -> None:
         if self._begun:
@@ -220,10 +226,36 @@ class _PgTransaction:
         return _store_error(what, exc)
 
     async def _before(self, sql: str) -> None:
-        """BEGIN, if this is the first statement. Remember tables given explicit ids; before the first
-        insert that leaves the id to the sequence, move that sequence past them (as SQLite would number
-        it: max + 1)."""
+        """BEGIN, if this is the first statement, and the writes held back (they came first)."""
         await self._begin()
+        await self.send_held_back()
+        await self._track_ids(sql)
+
+    async def send_held_back(self) -> None:
+        """The writes `execute_with_next` held back, each on its own (before a statement that cannot take
+        them along, and before COMMIT)."""
+        if not self._with_next:
+            return
+        await self._begin()
+        while self._with_next:
+            sql, params = self._with_next.pop(0)
+            try:
+                await self._conn.execute(translate_placeholders(sql), *params)
+            except _DRIVER_ERRORS as exc:
+                raise self._failed(exc) from exc
+
+    def _take_along(self) -> list[tuple[str, Params]]:
+        """The held-back writes the next statement takes along, if they are few (each is a WITH of it, and
+        a statement has at most 32,767 parameters); more go on their own first (`send_held_back`)."""
+        taken, self._with_next = self._with_next, []
+        if len(taken) > _MAX_TAKEN_ALONG:
+            self._with_next = taken
+            return []
+        return taken
+
+    async def _track_ids(self, sql: str) -> None:
+        """Remember tables given explicit ids; before the first insert that leaves the id to the sequence,
+        move that sequence past them (as SQLite would number it: max + 1)."""
         if (match := _INSERT_INTO.match(sql)) is None:
             return
         table = match[1].lower()
@@ -269,6 +301,7 @@ class _PgTransaction:
 
     async def fetch_all_with(self, writes: Sequence[tuple[str, Params]], sql: str, params: Params = ()) -> list[Row]:
         """`WITH _w0 AS (write), … sql`: the writes run in the statement's snapshot, all or none."""
+        writes = [*self._take_along(), *writes]
         if not writes:
             return await self.fetch_all(sql, params)
         for write, _ in writes:
@@ -278,7 +311,24 @@ class _PgTransaction:
         return await self.fetch_all(combined, [*(value for _, write_params in writes for value in write_params),
                                                *params])
 
+    async def execute_with_next(self, sql: str, params: Params = ()) -> None:
+        if _is_blank(sql):
+            return
+        await self._track_ids(sql)
+        self._with_next.append((sql, params))
+
     async def lock(self, name: str) -> None:
+        if along := self._take_along():
+            await self._begin()
+            joined = "WITH " + ", ".join(f"_w{n} AS ({write})" for n, (write, _) in enumerate(along))
+            try:
+                await self._conn.execute(translate_placeholders(f"{joined} SELECT pg_advisory_xact_lock(?)"),
+                                         *(value for _, write_params in along for value in write_params),
+                                         lock_key(name))
+            except _DRIVER_ERRORS as exc:
+                raise self._failed(exc, f"Cannot take the lock {name!r} (or a write sent with it failed)") from exc
+            return
+        await self.send_held_back()
         try:
             if self._begun:
                 await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(name))
@@ -387,6 +437,7 @@ class PostgresDatabase:
             tx = _PgTransaction(conn)
             try:
                 yield tx
+                await tx.send_held_back()
                 if tx._explicit_ids:
                     await tx.sync_sequences()
             except BaseException:

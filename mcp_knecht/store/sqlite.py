@@ -190,6 +190,10 @@ class _WriterTransaction:
             await self.execute(write, write_params)
         return await self.fetch_all(sql, params)
 
+    async def execute_with_next(self, sql: str, params: Params = ()) -> None:
+        """At once: a statement here costs no round trip."""
+        await self.execute(sql, params)
+
     async def lock(self, name: str) -> None:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
 
