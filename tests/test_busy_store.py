@@ -396,7 +396,8 @@ async def test_the_decision_api_answers_a_busy_store_with_503_store_busy_and_dec
     monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_MS", 300)
     tokens = load_token_settings(staged_app.settings, create_dev_secret=False)
     api = Starlette(routes=DecisionApi(staged_app, TokenVerifier(tokens)).routes())
-    bob = {"Authorization": f"Bearer {mint_token(tokens, subject='bob', scopes=['proposals:decide', 'proposals:read'])}"}
+    token = mint_token(tokens, subject="bob", scopes=["proposals:decide", "proposals:read"])
+    bob = {"Authorization": f"Bearer {token}"}
     alice = Actor("alice", "pytest", frozenset(AGENT))
     staged = await staged_app.gate.call_tool(alice, "record_effect", {"label": "when-free"})
     approve = f"/api/proposals/{staged.data['id']}/approve"  # type: ignore[index]
