@@ -15,7 +15,9 @@ for `--stop-seconds` instead, holding whatever it held, and then let go on: the 
 its turn and its write lock (on PostgreSQL, any lock: `lock_timeout`) at most 15 s each, then go
 on without the turn or hear "store busy" and ask again, as an operator would. On PostgreSQL, one
 stopped past the server's `idle_in_transaction_session_timeout` (60 s) inside a transaction has its
-session ended and that transaction rolled back; going on, it is told so and asks again. Then one
+session ended and that transaction rolled back; going on, it is told so and asks again. There a stop
+waits (up to 2 s) until the victim's session is seen inside a transaction, and the report counts
+how many were (`stopped_inside_a_transaction`; it may have ended before the signal landed). Then one
 last approver, never killed, goes over them all.
 
 Afterwards (the answers a crash may leave are those of `knecht-approve`: an approver killed while
@@ -65,7 +67,7 @@ STOP_SECONDS = 20.0
 READY = "ready"
 STORE_BUSY = "The store is busy"
 """How `StoreBusyError`'s message begins."""
-SESSION_ENDED = "inside a write transaction, so the transaction was rolled back"
+SESSION_ENDED = "inside a write transaction, so the transaction was rolled back and nothing of it was written"
 """What a PostgreSQL store says once the server ended a session left idle in its transaction."""
 
 
@@ -115,12 +117,17 @@ def _worker(name: str, first: int, last: int, seed: int | None) -> None:
 
 
 class Approver:
-    """One approver process, and whether it has opened the store (only those are worth killing)."""
+    """One approver process, and whether it has opened the store (only those are worth killing). On
+    PostgreSQL its sessions carry its name (`application_name`), so that a stop can wait for one of them
+    to be inside a transaction (`_in_transaction`)."""
 
     def __init__(self, name: str, first: int, last: int, seed: int | None, env: dict[str, str]) -> None:
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", name, str(first), str(last),
                    "" if seed is None else str(seed)]
         self.name = name
+        url = env["KNECHT_DATABASE_URL"]
+        if not url.startswith("sqlite"):
+            env = {**env, "KNECHT_DATABASE_URL": f"{url}{'&' if '?' in url else '?'}application_name={name}"}
         self.process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)
         self.ready = threading.Event()
@@ -174,6 +181,27 @@ def _decided(url: str, first: int, last: int) -> int:
     return anyio.run(count)
 
 
+def _in_transaction(url: str, name: str, seconds: float = 2.0) -> bool:
+    """Wait until a PostgreSQL session of approver `name` is inside a transaction (True), for at most
+    `seconds`: a stop that lands there holds what that transaction holds (its locks, a claim not yet
+    committed), which is what the bounds on lock waits and idle transactions are for."""
+    async def look() -> bool:
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                if await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+                                       " AND xact_start IS NOT NULL", name):
+                    return True
+            return False
+        finally:
+            await conn.close()
+
+    return anyio.run(look)
+
+
 def _race_with_kills(env: dict[str, str], approvers: int, kills: int, stops: int, stop_seconds: float, first: int,
                      last: int, shuffled: bool, rng: random.Random, progress: bool) -> dict[str, Any]:
     def start(n: int) -> Approver:
@@ -185,6 +213,7 @@ def _race_with_kills(env: dict[str, str], approvers: int, kills: int, stops: int
     running = [start(n) for n in range(approvers)]
     started, done, killed, deadline = approvers, [], 0, time.monotonic() + 600
     decided_while_stopped: list[int] = []
+    inside: int | None = None if url.startswith("sqlite") else 0  # stops that waited to land inside one
     while actions and time.monotonic() < deadline:
         time.sleep(rng.uniform(*KILL_PAUSE))
         done += [a for a in running if a.process.poll() is not None]
@@ -198,6 +227,8 @@ def _race_with_kills(env: dict[str, str], approvers: int, kills: int, stops: int
         victim, action = rng.choice(victims), actions.pop()
         if action == "stop":  # SIGSTOP: it holds whatever it holds (a turn, the write lock) until SIGCONT
             before = _decided(url, first, last)
+            if inside is not None:
+                inside += _in_transaction(url, victim.name)
             victim.process.send_signal(signal.SIGSTOP)
             time.sleep(stop_seconds)
             decided_while_stopped.append(_decided(url, first, last) - before)
@@ -221,7 +252,8 @@ def _race_with_kills(env: dict[str, str], approvers: int, kills: int, stops: int
             failures.append(f"{approver.name} exited {status}: {err.strip().splitlines()[-1:]}")
         elif report:
             won, busy, ended = won + report["won"], busy + report["busy"], ended + report["sessions_ended"]
-    return {"killed": killed, "stopped": len(decided_while_stopped), "decided_while_stopped": decided_while_stopped,
+    return {"killed": killed, "stopped": len(decided_while_stopped), "stopped_inside_a_transaction": inside,
+            "decided_while_stopped": decided_while_stopped,
             "store_busy_retried": busy, "sessions_ended_retried": ended, "approvers_started": started,
             "approver_failures": failures,
             "won_by_racers": won}

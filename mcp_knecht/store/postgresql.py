@@ -220,9 +220,10 @@ class _PgTransaction:
             return store_error(
                 "postgresql",
                 "The connection to PostgreSQL closed or broke inside a write transaction, so the transaction was "
-                "rolled back and nothing of it was written. (The server ends a session that sits idle in a "
-                f"transaction for {IDLE_IN_TRANSACTION_TIMEOUT} unless the database URL says otherwise: was this "
-                f"process stopped?) Retry. (The driver said: {exc})")
+                "rolled back and nothing of it was written. Retry. (A restart of the server or a cut in the network "
+                "does that, and so does the server when a session sits idle in its transaction for "
+                f"{IDLE_IN_TRANSACTION_TIMEOUT}, unless the database URL says otherwise: was this process stopped? "
+                f"The driver said: {exc})")
         return _store_error(what, exc)
 
     async def _before(self, sql: str) -> None:
