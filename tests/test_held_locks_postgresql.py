@@ -178,3 +178,65 @@ async def test_a_slow_reader_of_a_stream_is_not_ended_as_idle(pg_url: str) -> No
         assert read == [1, 2, 3]
     finally:
         await db.close()
+
+
+FAIL_FINISHES = """
+CREATE SEQUENCE finish_tries;
+CREATE FUNCTION fail_finishes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF nextval('finish_tries') <= {failing} THEN
+    RAISE EXCEPTION 'this finish is undone';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER fail_finishes BEFORE UPDATE ON proposals FOR EACH ROW
+  WHEN (NEW.status IN ('succeeded', 'failed')) EXECUTE FUNCTION fail_finishes();
+"""
+"""The first `failing` finishes of an execution are undone by the database itself (a sequence is not
+rolled back with them), as when the server ends the finish's session or restarts under it."""
+
+
+async def _fail_finishes(app: App, failing: int) -> None:
+    async with app.db.transaction() as tx:
+        await tx.execute(FAIL_FINISHES.format(failing=failing))  # no parameters: one message, several statements
+
+
+async def test_an_outcome_whose_recording_is_undone_is_recorded_on_the_next_try(
+    staged_app: App, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcp_knecht.core import approval
+    from mcp_knecht.core.approval import Operator
+
+    monkeypatch.setattr(approval, "FINISH_PAUSE", 0.05)
+    await _fail_finishes(staged_app, failing=1)
+    staged = await staged_app.gate.call_tool(Actor("alice", "pytest", frozenset(AGENT)), "record_effect",
+                                             {"label": "undone-once"})
+    decided = await staged_app.approvals.approve(staged.data["id"], Operator("bob"))  # type: ignore[index]
+    assert decided.status == "succeeded"
+    assert len(await staged_app.db.fetch_all("SELECT * FROM test_effects WHERE label = 'undone-once'")) == 1
+    outcomes = [r["outcome"] for r in await staged_app.db.fetch_all(
+        "SELECT outcome FROM audit_log WHERE proposal_id = ? ORDER BY id", (decided.id,))]
+    assert outcomes == ["staged", "approved", "executed"]
+
+
+async def test_an_outcome_the_store_keeps_undoing_is_told_with_how_to_settle_it(
+    staged_app: App, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcp_knecht.core import approval
+    from mcp_knecht.core.approval import Operator
+
+    monkeypatch.setattr(approval, "FINISH_PAUSE", 0.05)
+    monkeypatch.setattr(approval, "FINISH_ATTEMPTS", 2)
+    await _fail_finishes(staged_app, failing=1000)
+    staged = await staged_app.gate.call_tool(Actor("alice", "pytest", frozenset(AGENT)), "record_effect",
+                                             {"label": "undone-always"})
+    proposal_id = staged.data["id"]  # type: ignore[index]
+    with pytest.raises(StoreError) as raised:
+        await staged_app.approvals.approve(proposal_id, Operator("bob"))
+    assert not isinstance(raised.value, StoreBusyError)
+    assert raised.value.message.startswith(
+        f"Proposal #{proposal_id} was executed (succeeded), but its outcome could not be recorded: the store "
+        "failed 2 tries (the last: Database statement failed: this finish is undone)")
+    assert f"knecht-approve settle {proposal_id} --outcome succeeded" in raised.value.message
+    assert (await staged_app.approvals.checked(proposal_id)).status == "executing"
+    assert len(await staged_app.db.fetch_all("SELECT * FROM test_effects WHERE label = 'undone-always'")) == 1

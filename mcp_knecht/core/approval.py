@@ -35,6 +35,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import msgspec
 from msgspec.structs import replace
 
@@ -61,6 +62,7 @@ from mcp_knecht.errors import (
     NotPendingError,
     SelfApprovalError,
     StoreBusyError,
+    StoreError,
     TamperedError,
     UnknownProposalError,
     UsageError,
@@ -70,9 +72,12 @@ MIN_EXPECTED_HASH = 8
 SETTLE_AFTER = timedelta(minutes=5)
 """An execution younger than this may still be running: settling it needs `force`."""
 FINISH_ATTEMPTS = 4
-"""Tries at recording an execution's outcome while the store is busy (another process holding its write
-lock past the busy timeout, each try waiting that long): the call has run, and given up, its outcome
-would read "unknown" until a person settles it."""
+"""Tries at recording an execution's outcome while the store fails: busy (another process holding its write
+lock past the busy timeout, each try waiting that long), or the transaction undone under it (PostgreSQL
+ended its session, or restarted). The call has run; given up, its outcome would read "unknown" until a
+person settles it."""
+FINISH_PAUSE = 0.25
+"""Seconds before the second try after a failure that is not "busy" (twice that before the third, …)."""
 
 
 class Operator(msgspec.Struct, frozen=True):
@@ -269,7 +274,7 @@ class ApprovalService:
         """Run a proposal this operator's approval claimed, as the claim left it (`executing`): the row the
         claim changed was the very proposal the operator approved (`Proposal.sealed`), and what runs is
         that, whatever is written into the row afterwards. Then record the outcome (tried again while the store
-        is busy: `FINISH_ATTEMPTS`)."""
+        fails: `FINISH_ATTEMPTS`)."""
         succeeded, result_json, error = await self._run(proposal)
         outcome: Outcome = "executed" if succeeded else "execution_failed"
         audit = self._entry(operator, proposal, outcome, **({"error": error} if error else {}))
@@ -280,14 +285,20 @@ class ApprovalService:
                     audit=audit, approvals=proposal.approvals,
                 )
                 break
-            except StoreBusyError:
+            except StoreError as exc:
+                # Busy, or its transaction undone under it (a session the server ended, a restart): the outcome
+                # is known, and the finish changes only an `executing` row, so trying again is safe.
+                busy = isinstance(exc, StoreBusyError)
                 if attempt == FINISH_ATTEMPTS:
                     ended = "succeeded" if succeeded else "failed"
-                    raise StoreBusyError(
-                        f"Proposal #{proposal.id} was executed ({ended}), but its outcome could not be recorded: the "
-                        f"store stayed busy through {FINISH_ATTEMPTS} tries. It shows as executing (outcome unknown); "
-                        f"once the store is free, record it with `knecht-approve settle {proposal.id} --outcome "
-                        f"{ended} --reason TEXT --force`.") from None
+                    why = (f"the store stayed busy through {FINISH_ATTEMPTS} tries" if busy
+                           else f"the store failed {FINISH_ATTEMPTS} tries (the last: {exc.message})")
+                    raise (StoreBusyError if busy else StoreError)(
+                        f"Proposal #{proposal.id} was executed ({ended}), but its outcome could not be recorded: "
+                        f"{why}. It shows as executing (outcome unknown); once the store is free, record it with "
+                        f"`knecht-approve settle {proposal.id} --outcome {ended} --reason TEXT --force`.") from None
+                if not busy:  # a busy try has waited the busy timeout already
+                    await anyio.sleep(FINISH_PAUSE * attempt)
         if finished is None:  # settled meanwhile by someone who thought this approver gone
             return await self.checked(proposal.id)
         return finished
