@@ -11,6 +11,9 @@ from typing import Any
 
 import anyio
 
+from mcp_knecht import testing
+from mcp_knecht.app import App
+from mcp_knecht.store.audit_log import verify_chain
 from tests.conftest import REPO, server_env
 
 AGENT = ("projects:read", "runs:read", "runs:write", "proposals:read")
@@ -57,3 +60,17 @@ async def racing_approvers(env: dict[str, str], approvers: int, first: int, last
             reports.append(json.loads((await worker.stdout.receive()).decode()))  # type: ignore[union-attr]
             await worker.aclose()
     return reports
+
+
+async def writes_go_on_with_everything_on_record(app: App) -> None:
+    """After a write refused as "store busy" (and a read that went on meanwhile): the next write, through
+    the SDK's client, works; the audit rows that waited land; the one staged call, the refused one and the
+    read are all on record, in one chain."""
+    async with testing.connect(app, testing.actor("alice", AGENT)) as client:
+        later = await client.call_tool("record_effect", {"label": "afterwards"})
+    assert not later.is_error
+    with anyio.fail_after(10):
+        await app.audit.flush()
+    outcomes = [r["outcome"] for r in await app.db.fetch_all("SELECT outcome FROM audit_log ORDER BY id")]
+    assert outcomes.count("staged") == 1 and "failed" in outcomes and "ran" in outcomes
+    assert await verify_chain(app.db, app.audit.chain) == []

@@ -15,12 +15,11 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from mcp_knecht import testing
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.store import sqlite as sqlite_store
 from mcp_knecht.store.audit_log import verify_chain
-from tests.staging import AGENT
+from tests.staging import AGENT, writes_go_on_with_everything_on_record
 
 pytestmark = pytest.mark.anyio
 
@@ -87,14 +86,7 @@ async def test_past_the_busy_timeout_a_write_says_store_busy_and_the_server_goes
         assert staged_app.audit.failures >= 1  # the background writer met the busy store, and waits
         assert not read.is_error
     assert busy.is_error and "busy" in busy.text and "retry" in busy.text
-    async with testing.connect(staged_app, testing.actor("alice", AGENT)) as client:
-        later = await client.call_tool("record_effect", {"label": "afterwards"})
-    assert not later.is_error
-    with anyio.fail_after(10):
-        await staged_app.audit.flush()
-    outcomes = [r["outcome"] for r in await staged_app.db.fetch_all("SELECT outcome FROM audit_log ORDER BY id")]
-    assert outcomes.count("staged") == 1 and "failed" in outcomes and "ran" in outcomes  # all on record
-    assert await verify_chain(staged_app.db, staged_app.audit.chain) == []
+    await writes_go_on_with_everything_on_record(staged_app)
 
 
 async def test_writers_of_one_file_queue_and_one_that_gives_up_leaves_the_queue_free(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -13,15 +13,13 @@ import anyio
 import asyncpg
 import pytest
 
-from mcp_knecht import testing
 from mcp_knecht.app import App
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.database import Transaction
 from mcp_knecht.errors import StoreBusyError, StoreError
 from mcp_knecht.store import open_database
-from mcp_knecht.store.audit_log import verify_chain
 from mcp_knecht.store.postgresql import lock_key, split_url
-from tests.staging import AGENT
+from tests.staging import AGENT, writes_go_on_with_everything_on_record
 
 pytestmark = pytest.mark.anyio
 
@@ -69,14 +67,7 @@ async def test_past_the_lock_timeout_a_write_says_store_busy_and_the_server_goes
     assert busy.is_error and busy.error_code == "store_busy" and "retry" in busy.text
     assert 0.25 <= waited < 5  # it waited the lock_timeout, not for ever
     assert await staged_app.db.fetch_all("SELECT id FROM proposals") == []  # the busy write changed nothing
-    async with testing.connect(staged_app, testing.actor("alice", AGENT)) as client:
-        later = await client.call_tool("record_effect", {"label": "afterwards"})
-    assert not later.is_error
-    with anyio.fail_after(10):
-        await staged_app.audit.flush()
-    outcomes = [r["outcome"] for r in await staged_app.db.fetch_all("SELECT outcome FROM audit_log ORDER BY id")]
-    assert outcomes.count("staged") == 1 and "failed" in outcomes and "ran" in outcomes  # all on record
-    assert await verify_chain(staged_app.db, staged_app.audit.chain) == []
+    await writes_go_on_with_everything_on_record(staged_app)
 
 
 async def test_a_session_idle_in_its_transaction_is_ended_and_its_locks_come_free(pg_url: str) -> None:
