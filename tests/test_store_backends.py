@@ -189,16 +189,27 @@ async def test_a_write_held_for_the_next_statement_lands_with_its_transaction_or
     assert [r["note"] for r in await db.fetch_all("SELECT note FROM journal ORDER BY note")] == [
         "with the commit", "with the lock"]
 
+    async with db.transaction() as tx:
+        await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("with the locked read",))
+        assert await tx.lock_and_fetch_one("journal", "SELECT note FROM journal WHERE note = ?",
+                                           ("with the lock",)) == {"note": "with the lock"}
+    assert len(await db.fetch_all("SELECT note FROM journal")) == 3
+
     with pytest.raises(StoreError):  # it fails where it was sent: the transaction is gone with it
         async with db.transaction() as tx:
             await tx.execute("INSERT INTO journal (note) VALUES (?)", ("lost",))
             await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("with the lock",))
             await tx.lock("journal")
+    with pytest.raises(StoreError):
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO journal (note) VALUES (?)", ("lost",))
+            await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("with the locked read",))
+            await tx.lock_and_fetch_one("journal", "SELECT note FROM journal WHERE note = ?", ("lost",))
     with pytest.raises(RuntimeError):  # the transaction fails before it is sent: it never lands
         async with db.transaction() as tx:
             await tx.execute_with_next("INSERT INTO journal (note) VALUES (?)", ("never",))
             raise RuntimeError("the caller gave up")
-    assert len(await db.fetch_all("SELECT note FROM journal")) == 2
+    assert len(await db.fetch_all("SELECT note FROM journal")) == 3
 
 
 async def test_a_lookup_sees_what_is_committed_and_nothing_of_a_transaction_in_flight(db: Database) -> None:
@@ -240,8 +251,11 @@ async def test_demo_data_moves_id_sequences_past_the_explicit_ids(db: Database) 
     assert row == {"id": 6}
 
 
-async def test_locked_sections_never_overlap(db: Database) -> None:
-    """Read, sleep, write under `tx.lock` from many tasks and two connections: no lost update."""
+@pytest.mark.parametrize("read", ["after the lock", "with the lock"])
+async def test_locked_sections_never_overlap(db: Database, read: str) -> None:
+    """Read, sleep, write under the lock from many tasks and two connections: no lost update. A read that
+    takes the lock itself (`lock_and_fetch_one`) sees the row as the previous holder left it, though the
+    statement began before that holder committed."""
     async with db.transaction() as tx:
         await tx.execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
         await tx.execute("INSERT INTO counter (id, n) VALUES (1, 0)")
@@ -249,8 +263,11 @@ async def test_locked_sections_never_overlap(db: Database) -> None:
 
     async def bump(store: Database) -> None:
         async with store.transaction() as tx:
-            await tx.lock("counter")
-            row = await tx.fetch_one("SELECT n FROM counter WHERE id = 1")
+            if read == "with the lock":
+                row = await tx.lock_and_fetch_one("counter", "SELECT n FROM counter WHERE id = 1")
+            else:
+                await tx.lock("counter")
+                row = await tx.fetch_one("SELECT n FROM counter WHERE id = 1")
             await anyio.sleep(0.01)
             await tx.execute("UPDATE counter SET n = ? WHERE id = 1", (row["n"] + 1,))  # type: ignore[index]
 
@@ -292,6 +309,26 @@ async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Datab
     async with db.transaction() as tx:
         await tx.execute("UPDATE audit_log SET subject = 'mallory' WHERE id = 42")
     assert [p.id for p in await verify_chain(db, CHAIN)] == [42]
+
+
+async def test_rows_written_around_the_store_are_chained_after_and_reported(db: Database) -> None:
+    """Someone with write access adds a row past the chain's head: the next entry goes after it (the
+    chain never collides with a row it did not write), and `audit verify` names that row, and the head
+    anchor that does not count it."""
+    log = AuditLog(db, CHAIN)
+    for i in range(3):
+        log.record(_entry(i, "agent"))
+    await log.flush()
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO audit_log (id, at, source, subject, client, tool, outcome, rule, prev_hash, hash)"
+                         " SELECT 4, at, source, 'mallory', client, tool, outcome, rule, hash, ? FROM audit_log"
+                         " WHERE id = 3", ("f" * 64,))
+    log.record(_entry(4, "agent"))
+    await log.flush()
+    assert [row["id"] for row in await db.fetch_all("SELECT id FROM audit_log WHERE subject = 'agent' ORDER BY id")
+            ] == [1, 2, 3, 5]
+    assert [(problem.id, problem.problem.split(" (")[0]) for problem in await verify_chain(db, CHAIN)] == [
+        (4, "content does not match its hash"), (5, "the chain does not end where its head anchor says")]
 
 
 def _proposal(n: int) -> NewProposal:
@@ -470,6 +507,19 @@ async def test_a_postgresql_transaction_sends_begin_and_writes_with_the_next_sta
         async with store.transaction() as tx:
             await tx.execute("DELETE FROM ledger WHERE code IN ('d', 'e', 'f')")
             await tx.execute("UPDATE ledger SET amount = 101 WHERE code = 'a'")
+
+        sent.clear()  # a locked read takes the lock in its WHERE clause, and the held-back writes with it
+        async with store.transaction() as tx:
+            await tx.execute_with_next("INSERT INTO ledger (code, amount) VALUES (?, ?)", ("g", 7))
+            assert await tx.lock_and_fetch_one("ledger", "SELECT amount FROM ledger WHERE code = ?", ("a",)) == {
+                "amount": 101}
+        assert sent == ["BEGIN",
+                        "WITH _w0 AS (INSERT INTO ledger (code, amount) VALUES ($1, $2))"
+                        " SELECT amount FROM ledger WHERE code = $3 AND pg_advisory_xact_lock($4) IS NOT NULL"
+                        " FOR UPDATE",
+                        "COMMIT"]
+        async with store.transaction() as tx:
+            await tx.execute("DELETE FROM ledger WHERE code = 'g'")
 
         sent.clear()
         async with store.transaction():

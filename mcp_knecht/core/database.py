@@ -48,6 +48,13 @@ class Transaction(Protocol):
         """Serialise this transaction with every other one that locks `name`, across processes
         and replicas, until it ends (SQLite's write lock already does; PostgreSQL needs more)."""
         ...
+    async def lock_and_fetch_one(self, name: str, sql: str, params: Params = ()) -> Row | None:
+        """`lock(name)`, then `fetch_one(sql, params)`, in one statement where the backend can. `sql`
+        selects from one table and ends in its WHERE clause (the backend appends to it). The row it
+        reads must change only under `name`: that row is read as the lock's previous holder left it
+        (PostgreSQL locks it FOR UPDATE, which reads it afresh after the wait), but anything else the
+        statement reads, such as a subquery of another table, may be seen as it was before the wait."""
+        ...
 
 
 class Database(Protocol):

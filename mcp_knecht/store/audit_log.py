@@ -6,7 +6,7 @@ without the key nobody can recompute the chain after an edit. The head — row c
 hash — is kept in `audit_anchor` under a MAC of its own, so deleting the newest rows is found too.
 Rows written by release 0.1.0 (before the anchor's `keyed_from`) keep their plain SHA-256 links.
 
-The chain is extended inside a write transaction under `tx.lock("audit_log")`, so concurrent
+The chain is extended inside a write transaction under the lock "audit_log", so concurrent
 writers — other processes, other replicas — still make one chain. `AuditChain.append` is called
 in the same transaction as the state change a row records (a staged proposal, a decision), so
 neither exists without the other. Everything else goes through `AuditLog`: the gate hands entries
@@ -98,6 +98,18 @@ class ChainProblem(msgspec.Struct, frozen=True):
     problem: str
 
 
+def _chain_end(anchor: Anchor, last_id: int | None, last_hash: str | None) -> tuple[int, str]:
+    """The id and the previous hash of the next row. The anchor, read under the chain's lock, is the head
+    as the lock's previous holder left it; the table's newest row may be older than that (on PostgreSQL
+    it is read as of before the lock's wait: `lock_and_fetch_one`). Rows beyond the anchor were written
+    around the store; the chain goes on after them, and `audit verify` reports them."""
+    if last_id is not None and last_hash is not None and last_id > anchor.head_id:
+        return last_id + 1, last_hash
+    if anchor.head_id:
+        return anchor.head_id + 1, anchor.head_hash
+    return 1, GENESIS
+
+
 class AuditChain:
     """Appends to and verifies the chain with the server's keys."""
 
@@ -122,8 +134,8 @@ class AuditChain:
         """Extend the chain by `entries` inside an open write transaction; return their ids."""
         if not entries:
             return []
-        await tx.lock("audit_log")
-        row = await tx.fetch_one(
+        row = await tx.lock_and_fetch_one(
+            "audit_log",
             "SELECT row_count, head_id, head_hash, keyed_from, mac,"
             " (SELECT id FROM audit_log ORDER BY id DESC LIMIT 1) AS last_id,"
             " (SELECT hash FROM audit_log ORDER BY id DESC LIMIT 1) AS last_hash"
@@ -133,7 +145,7 @@ class AuditChain:
                              "Run `mcp-knecht audit verify`.")
         last_id, last_hash = row.pop("last_id"), row.pop("last_hash")
         anchor = Anchor(**row)
-        next_id, prev_hash = (last_id + 1, last_hash) if last_id is not None else (1, GENESIS)
+        next_id, prev_hash = _chain_end(anchor, last_id, last_hash)
         rows, ids = [], []
         for entry in entries:
             fields = _row_fields(entry, next_id)

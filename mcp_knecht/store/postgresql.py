@@ -24,9 +24,14 @@ Every difference from SQLite lives in this module and in `sql/postgresql/`:
 - `fetch_all_with(writes, sql)`: `WITH _w0 AS (write), … sql`, one round trip (an approval with its
   claim, an audit row with the chain's head). The statements of such a WITH share one snapshot and
   run in no set order, which is why callers may only join writes that do not depend on each other;
-- `execute_with_next(write)`: held back, then sent as such a WITH of the next `lock()` or
-  `fetch_all_with` (a status change's outbox event goes with the audit chain's lock: one round trip
-  fewer in every decision's claim and finish), or on its own before any other statement or COMMIT;
+- `lock_and_fetch_one(name, sql)`: the lock taken in the WHERE clause of the read that follows it,
+  which locks its row FOR UPDATE, so it reads the row as the lock's previous holder committed it
+  (the audit chain's anchor): one round trip where there were two, in every decision's claim and
+  finish;
+- `execute_with_next(write)`: held back, then sent as such a WITH of the next `lock()`,
+  `lock_and_fetch_one` or `fetch_all_with` (a status change's outbox event goes with the audit
+  chain's lock: one round trip fewer in every decision's claim and finish), or on its own before
+  any other statement or COMMIT;
 - waits are bounded, as SQLite's busy timeout bounds them: every session sets `lock_timeout`
   (`LOCK_TIMEOUT`), so a statement that waits that long for a lock (an advisory lock, a row, a
   table) fails with `StoreBusyError` and its transaction is rolled back, instead of every writer
@@ -308,9 +313,7 @@ class _PgTransaction:
         for write, _ in writes:
             await self._before(write)
         await self._before(sql)
-        combined = "WITH " + ", ".join(f"_w{n} AS ({write})" for n, (write, _) in enumerate(writes)) + f" {sql}"
-        return await self.fetch_all(combined, [*(value for _, write_params in writes for value in write_params),
-                                               *params])
+        return await self.fetch_all(f"{_with(writes)} {sql}", [*_params_of(writes), *params])
 
     async def execute_with_next(self, sql: str, params: Params = ()) -> None:
         if _is_blank(sql):
@@ -321,11 +324,9 @@ class _PgTransaction:
     async def lock(self, name: str) -> None:
         if along := self._take_along():
             await self._begin()
-            joined = "WITH " + ", ".join(f"_w{n} AS ({write})" for n, (write, _) in enumerate(along))
             try:
-                await self._conn.execute(translate_placeholders(f"{joined} SELECT pg_advisory_xact_lock(?)"),
-                                         *(value for _, write_params in along for value in write_params),
-                                         lock_key(name))
+                await self._conn.execute(translate_placeholders(f"{_with(along)} SELECT pg_advisory_xact_lock(?)"),
+                                         *_params_of(along), lock_key(name))
             except _DRIVER_ERRORS as exc:
                 raise self._failed(exc, f"Cannot take the lock {name!r} (or a write sent with it failed)") from exc
             return
@@ -342,11 +343,38 @@ class _PgTransaction:
         except _DRIVER_ERRORS as exc:
             raise self._failed(exc, f"Cannot take the lock {name!r}") from exc
 
+    async def lock_and_fetch_one(self, name: str, sql: str, params: Params = ()) -> Row | None:
+        """`sql … AND pg_advisory_xact_lock(key) IS NOT NULL FOR UPDATE`, with the held-back writes as its
+        WITH: one round trip where `lock` and the read took two. The lock is a filter of the scan, below
+        the row lock, so it is granted before the row is locked; the row, locked after the wait, is read as
+        committed then (READ COMMITTED rechecks a row it locks), while the statement's snapshot, and with it
+        every other table it reads, dates from before the wait."""
+        along = self._take_along()
+        await self._before(sql)
+        statement = f"{_with(along)} {sql} AND pg_advisory_xact_lock(?) IS NOT NULL FOR UPDATE".lstrip()
+        try:
+            row = await self._conn.fetchrow(translate_placeholders(statement), *_params_of(along), *params,
+                                            lock_key(name))
+        except _DRIVER_ERRORS as exc:
+            raise self._failed(exc, f"Cannot take the lock {name!r} (or a write sent with it failed)") from exc
+        return dict(row) if row is not None else None
+
     async def sync_sequences(self, tables: Sequence[str] | None = None) -> None:
         """Move identity sequences past the largest id (only ever forward)."""
         for table in sorted(self._explicit_ids if tables is None else tables):
             await self.execute(_SYNC_SEQUENCE.format(table=table), (table,))
             self._explicit_ids.discard(table)
+
+
+def _with(writes: Sequence[tuple[str, Params]]) -> str:
+    """The WITH clause that sends `writes` along with a statement (empty without writes)."""
+    if not writes:
+        return ""
+    return "WITH " + ", ".join(f"_w{n} AS ({write})" for n, (write, _) in enumerate(writes))
+
+
+def _params_of(writes: Sequence[tuple[str, Params]]) -> list[object]:
+    return [value for _, write_params in writes for value in write_params]
 
 
 # `setval(…, max, true)`: the next default id is max + 1. Never moves a sequence backwards.

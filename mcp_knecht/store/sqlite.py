@@ -197,6 +197,10 @@ class _WriterTransaction:
     async def lock(self, name: str) -> None:
         """`BEGIN IMMEDIATE` already holds the database's single write lock."""
 
+    async def lock_and_fetch_one(self, name: str, sql: str, params: Params = ()) -> Row | None:
+        """The read alone: under the write lock it sees everything committed."""
+        return await self.fetch_one(sql, params)
+
 
 def _open_writer(path: str) -> sqlite3.Connection:
     """Runs in a worker thread: setting up may wait for another process (one opening the same file at
