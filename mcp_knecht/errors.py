@@ -130,6 +130,14 @@ class StoreBusyError(StoreError, ToolError):
     code = "store_busy"
 
 
+class StoreInterruptedError(StoreError, ToolError):
+    """A write transaction the database rolled back under us: its connection closed or broke (a server
+    restart, a network cut, a session the server ended as idle). Nothing of it was written, and trying
+    again is safe; the message names no data, so a caller may be shown it."""
+
+    code = "store_interrupted"
+
+
 class TamperedError(KnechtError):
     code = "tampered"
 

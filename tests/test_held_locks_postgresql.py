@@ -13,13 +13,15 @@ import anyio
 import asyncpg
 import pytest
 
-from mcp_knecht.app import App
+from mcp_knecht.app import App, open_app
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.database import Transaction
-from mcp_knecht.errors import StoreBusyError, StoreError
+from mcp_knecht.core.settings import load_settings
+from mcp_knecht.errors import StoreBusyError, StoreError, StoreInterruptedError
 from mcp_knecht.store import open_database
 from mcp_knecht.store.postgresql import lock_key, split_url
 from tests.staging import AGENT, writes_go_on_with_everything_on_record
+from tests.toolsets import EFFECTS_TABLE
 
 pytestmark = pytest.mark.anyio
 
@@ -79,7 +81,7 @@ async def test_a_session_idle_in_its_transaction_is_ended_and_its_locks_come_fre
     try:
         async with other.transaction() as tx:
             await tx.execute("CREATE TABLE ledger (entry TEXT)")
-        with pytest.raises(StoreError, match="rolled back and nothing of it was written"):
+        with pytest.raises(StoreInterruptedError, match="rolled back and nothing of it was written"):
             async with stalled.transaction() as tx:
                 await tx.lock("ledger")
                 await tx.execute("INSERT INTO ledger VALUES ('stalled')")
@@ -123,7 +125,7 @@ async def test_a_writer_whose_whole_process_stood_still_is_told_its_transaction_
         async with stalled.transaction() as tx:
             await tx.execute("CREATE TABLE ledger (entry TEXT)")
         for _ in range(3):
-            with pytest.raises(StoreError, match="rolled back and nothing of it was written"):
+            with pytest.raises(StoreInterruptedError, match="rolled back and nothing of it was written"):
                 async with stalled.transaction() as tx:
                     await tx.lock("ledger")
                     failed: list[StoreError] = []
@@ -139,6 +141,30 @@ async def test_a_writer_whose_whole_process_stood_still_is_told_its_transaction_
         assert [r["entry"] for r in await stalled.fetch_all("SELECT entry FROM ledger")] == ["later"] * 3
     finally:
         await stalled.close()
+
+
+async def test_an_approved_call_whose_effect_is_rolled_back_under_it_fails_and_says_so(
+    staged_env: dict[str, str],
+) -> None:
+    """The approver stands still inside its effect's transaction past the idle timeout (1 s here): the server
+    ends that session and rolls the effect back. The proposal fails, saying what happened (not "internal
+    error") and that it must be proposed again; nothing of the effect was written."""
+    from mcp_knecht.core.approval import Operator
+
+    url = f"{staged_env['KNECHT_DATABASE_URL']}&idle_in_transaction_session_timeout=1s"
+    async with open_app(load_settings(env={**staged_env, "KNECHT_DATABASE_URL": url})) as app:
+        async with app.db.transaction() as tx:
+            await tx.execute(EFFECTS_TABLE)
+        alice = Actor("alice", "pytest", frozenset(AGENT))
+        staged = await app.gate.call_tool(alice, "stalled_effect", {"label": "undone", "seconds": 2.5})
+        assert staged.outcome == "staged", staged.text
+        decided = await app.approvals.approve(staged.data["id"], Operator("bob"))  # type: ignore[index]
+        assert decided.status == "failed"
+        assert decided.error is not None
+        assert decided.error.startswith("The connection to PostgreSQL closed or broke inside a write transaction, "
+                                        "so the transaction was rolled back and nothing of it was written.")
+        assert decided.error.endswith("This approved call failed with it: to run it, propose it again.")
+        assert await app.db.fetch_all("SELECT phase FROM test_effects WHERE label = 'undone'") == []
 
 
 async def test_an_approval_that_meets_a_held_lock_says_store_busy_and_claims_nothing(staged_app: App) -> None:

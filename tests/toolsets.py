@@ -56,6 +56,16 @@ def toolset(context: ToolsetContext) -> Toolset:
         await record(args.label, "done", ctx)
         return {"recorded": args.label}
 
+    async def stalled_effect(args: SlowInput, ctx: ToolContext) -> dict[str, Any]:
+        async with db.transaction() as tx:  # stands still inside its transaction, as a stopped process does
+            await tx.execute(EFFECTS_TABLE)
+            await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
+                             (args.label, "started", ctx.actor.subject, str(ctx.source)))
+            await anyio.sleep(args.seconds)
+            await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
+                             (args.label, "done", ctx.actor.subject, str(ctx.source)))
+        return {"recorded": args.label}
+
     async def fail_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
         raise ToolError(f"could not record {args.label}")
 
@@ -73,6 +83,8 @@ def toolset(context: ToolsetContext) -> Toolset:
              input_model=EffectInput, handler=record_effect, effect="write", preview=preview_effect),
         Tool(name="slow_effect", description="Record an effect slowly (test tool).", scope="runs:write",
              input_model=SlowInput, handler=slow_effect, effect="write"),
+        Tool(name="stalled_effect", description="Record an effect in one transaction that stands still (test tool).",
+             scope="runs:write", input_model=SlowInput, handler=stalled_effect, effect="write"),
         Tool(name="fail_effect", description="Fail to record an effect (test tool).", scope="runs:write",
              input_model=EffectInput, handler=fail_effect, effect="write"),
         Tool(name="busy_effect", description="Fail as a write that met a busy store does (test tool).",

@@ -63,6 +63,7 @@ from mcp_knecht.errors import (
     SelfApprovalError,
     StoreBusyError,
     StoreError,
+    StoreInterruptedError,
     TamperedError,
     UnknownProposalError,
     UsageError,
@@ -321,8 +322,9 @@ class ApprovalService:
             return False, None, f"{proposal.call_name} has been denied by policy since it was proposed."
         result = await self._gate.execute(proposer, tool, arguments, source=APPROVAL)
         result_json = json.dumps(result.data, ensure_ascii=False) if result.data is not None else None
-        if result.is_error and result.error_code == StoreBusyError.code:
-            # Its "retry" cannot mean approving again: this proposal is decided now, as failed.
+        if result.is_error and result.error_code in (StoreBusyError.code, StoreInterruptedError.code):
+            # Its "retry" cannot mean approving again: this proposal is decided now, as failed (its effect
+            # wrote nothing: the store refused or undid it).
             return False, result_json, (f"{result.text} This approved call failed with it: to run it, propose "
                                         "it again.")
         return (not result.is_error), result_json, (result.text if result.is_error else None)

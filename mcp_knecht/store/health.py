@@ -12,11 +12,12 @@ _counts: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
-def store_error(dialect: str, message: str, details: dict[str, object] | None = None) -> StoreError:
-    """The `StoreError` for a driver error that just entered, counted."""
+def store_error(dialect: str, message: str, details: dict[str, object] | None = None, *,
+                kind: type[StoreError] = StoreError) -> StoreError:
+    """The `StoreError` (or the subclass `kind`) for a driver error that just entered, counted."""
     with _lock:
         _counts[dialect] += 1
-    return StoreError(message, details=details)
+    return kind(message, details=details)
 
 
 def store_error_counts() -> dict[str, int]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -58,9 +59,11 @@ import anyio
 import asyncpg
 
 from mcp_knecht.core.database import Params, Row
-from mcp_knecht.errors import ConfigError, StoreBusyError, StoreError
+from mcp_knecht.errors import ConfigError, StoreBusyError, StoreError, StoreInterruptedError
 from mcp_knecht.store.health import store_error
 from mcp_knecht.store.turns import Turns
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
@@ -222,13 +225,15 @@ class _PgTransaction:
         if self._closed() or isinstance(exc, asyncpg.InternalClientError):
             with contextlib.suppress(asyncpg.InterfaceError):  # the connection is of no more use: the pool drops it
                 self._conn.terminate()
+            # Shown to callers (a tool's answer, a failed proposal): the driver's own words go to the log only.
+            logger.warning("A PostgreSQL write transaction was rolled back under us: %s: %s", type(exc).__name__, exc)
             return store_error(
                 "postgresql",
                 "The connection to PostgreSQL closed or broke inside a write transaction, so the transaction was "
                 "rolled back and nothing of it was written. Retry. (A restart of the server or a cut in the network "
                 "does that, and so does the server when a session sits idle in its transaction for "
                 f"{IDLE_IN_TRANSACTION_TIMEOUT}, unless the database URL says otherwise: was this process stopped? "
-                f"The driver said: {exc})")
+                f"The driver raised {type(exc).__name__}.)", kind=StoreInterruptedError)
         return _store_error(what, exc)
 
     async def _before(self, sql: str) -> None:

@@ -39,6 +39,7 @@ from mcp_knecht.errors import (
     NotPendingError,
     SelfApprovalError,
     StoreBusyError,
+    StoreInterruptedError,
     TamperedError,
     UnknownProposalError,
     UsageError,
@@ -52,7 +53,7 @@ MAX_BODY_BYTES = 16_384
 _STATUS_OF: list[tuple[type[KnechtError], int]] = [
     (AuthError, 401), (SelfApprovalError, 403), (HashMismatchError, 403), (UsageError, 400),
     (UnknownProposalError, 404), (TamperedError, 409), (NotPendingError, 409), (DecisionError, 409),
-    (StoreBusyError, 503),
+    (StoreBusyError, 503), (StoreInterruptedError, 503),
 ]
 
 
