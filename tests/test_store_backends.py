@@ -437,6 +437,23 @@ async def test_a_decision_wakes_a_waiting_agent(db: Database) -> None:
 # --- PostgreSQL only ----------------------------------------------------------------------------
 
 
+async def test_the_listen_connection_outlives_the_idle_timeout_and_closing_it_is_not_reported_lost(
+    pg_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The idle timeout ends sessions idle inside a transaction; LISTEN waits outside one. And a feed
+    we close ourselves says nothing of a lost connection."""
+    db = await open_database(f"{pg_url}&idle_in_transaction_session_timeout=500ms")
+    feed = open_change_feed(db)
+    try:
+        async with feed.watching("proposals"):
+            await anyio.sleep(1.5)
+            assert feed.listening  # type: ignore[attr-defined]
+    finally:
+        await feed.aclose()
+        await db.close()
+    assert "LISTEN connection was lost" not in caplog.text
+
+
 async def test_driver_errors_become_store_errors(pg_url: str) -> None:
     store = await open_store(pg_url)
     try:

@@ -160,6 +160,7 @@ class PgChangeFeed:
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
+            conn.remove_termination_listener(self._on_lost)  # closed by us: nothing was lost
             with anyio.CancelScope(shield=True):
                 try:
                     await conn.close(timeout=5)
