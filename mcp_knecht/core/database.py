@@ -53,7 +53,9 @@ class Transaction(Protocol):
         selects from one table and ends in its WHERE clause (the backend appends to it). The row it
         reads must change only under `name`: that row is read as the lock's previous holder left it
         (PostgreSQL locks it FOR UPDATE, which reads it afresh after the wait), but anything else the
-        statement reads, such as a subquery of another table, may be seen as it was before the wait."""
+        statement reads, such as a subquery of another table, may be seen as it was before the wait.
+        When no row matches, the lock may not have been taken (PostgreSQL takes it per row it finds):
+        the caller then writes nothing under it."""
         ...
 
 
