@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -16,6 +16,7 @@ from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp, timestamp_ns
+from mcp_knecht.core.database import Params, Row, Transaction
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.proposals import Approval, NewProposal, Turn
 from mcp_knecht.core.schema import Migrations
@@ -329,6 +330,50 @@ async def test_rows_written_around_the_store_are_chained_after_and_reported(db: 
             ] == [1, 2, 3, 5]
     assert [(problem.id, problem.problem.split(" (")[0]) for problem in await verify_chain(db, CHAIN)] == [
         (4, "content does not match its hash"), (5, "the chain does not end where its head anchor says")]
+
+
+class _LockThenRead:
+    """A transaction as the code before `lock_and_fetch_one` used it: the lock, then the read."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self._tx = tx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    async def lock_and_fetch_one(self, name: str, sql: str, params: Params = ()) -> Row | None:
+        await self._tx.lock(name)
+        return await self._tx.fetch_one(sql, params)
+
+
+class _PreviousReleaseChain(AuditChain):
+    async def append(self, tx: Transaction, entries: Sequence[AuditEntry]) -> list[int]:
+        return await super().append(_LockThenRead(tx), entries)
+
+
+async def test_a_replica_still_on_the_previous_release_and_one_on_this_make_one_chain(db: Database) -> None:
+    """During a rolling upgrade one replica takes the chain's lock and then reads its head, the other
+    does both in one statement: both take the same lock, so they still serialise."""
+    second = await open_database(db.url)
+    logs = [AuditLog(db, CHAIN, flush_interval=0.001),
+            AuditLog(second, _PreviousReleaseChain(CHAIN.keys), flush_interval=0.001)]
+
+    async def write(log: AuditLog, name: str) -> None:
+        for i in range(100):
+            log.record(_entry(i, name))
+            if i % 3 == 0:
+                await log.flush()
+            await anyio.sleep(0)
+        await log.flush()
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for n, log in enumerate(logs):
+                tasks.start_soon(write, log, f"replica-{n}")
+    finally:
+        await second.close()
+    assert await db.fetch_one("SELECT COUNT(*) AS n, MAX(id) AS top FROM audit_log") == {"n": 200, "top": 200}
+    assert await verify_chain(db, CHAIN) == []
 
 
 def _proposal(n: int) -> NewProposal:
