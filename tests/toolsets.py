@@ -10,6 +10,7 @@ from typing import Any, Literal
 import anyio
 from pydantic import Field
 
+from mcp_knecht.core.database import Transaction
 from mcp_knecht.core.tools import Tool, ToolContext, ToolInput
 from mcp_knecht.core.toolset import Toolset, ToolsetContext
 from mcp_knecht.errors import StoreBusyError, ToolError
@@ -37,11 +38,14 @@ class MemoInput(ToolInput):
 def toolset(context: ToolsetContext) -> Toolset:
     db = context.store
 
+    async def insert(tx: Transaction, label: str, phase: str, ctx: ToolContext) -> None:
+        await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
+                         (label, phase, ctx.actor.subject, str(ctx.source)))
+
     async def record(label: str, phase: str, ctx: ToolContext) -> None:
         async with db.transaction() as tx:
             await tx.execute(EFFECTS_TABLE)
-            await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
-                             (label, phase, ctx.actor.subject, str(ctx.source)))
+            await insert(tx, label, phase, ctx)
 
     async def record_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
         await record(args.label, "done", ctx)
@@ -59,11 +63,9 @@ def toolset(context: ToolsetContext) -> Toolset:
     async def stalled_effect(args: SlowInput, ctx: ToolContext) -> dict[str, Any]:
         async with db.transaction() as tx:  # stands still inside its transaction, as a stopped process does
             await tx.execute(EFFECTS_TABLE)
-            await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
-                             (args.label, "started", ctx.actor.subject, str(ctx.source)))
+            await insert(tx, args.label, "started", ctx)
             await anyio.sleep(args.seconds)
-            await tx.execute("INSERT INTO test_effects (label, phase, subject, source) VALUES (?, ?, ?, ?)",
-                             (args.label, "done", ctx.actor.subject, str(ctx.source)))
+            await insert(tx, args.label, "done", ctx)
         return {"recorded": args.label}
 
     async def fail_effect(args: EffectInput, ctx: ToolContext) -> dict[str, Any]:
