@@ -67,8 +67,6 @@ STOP_SECONDS = 20.0
 READY = "ready"
 STORE_BUSY = "The store is busy"
 """How `StoreBusyError`'s message begins."""
-SESSION_ENDED = "inside a write transaction, so the transaction was rolled back and nothing of it was written"
-"""What a PostgreSQL store says once the server ended a session left idle in its transaction."""
 
 
 # --- one approver (run as a child: --worker) -------------------------------------------------------
@@ -78,7 +76,7 @@ async def _approve_all(name: str, first: int, last: int, seed: int | None) -> di
     from mcp_knecht.app import open_app
     from mcp_knecht.core.approval import Operator
     from mcp_knecht.core.settings import load_settings
-    from mcp_knecht.errors import NotPendingError, StoreBusyError, StoreError
+    from mcp_knecht.errors import NotPendingError, StoreBusyError, StoreInterruptedError
 
     ids = list(range(first, last + 1))
     if seed is not None:
@@ -96,9 +94,7 @@ async def _approve_all(name: str, first: int, last: int, seed: int | None) -> di
                     busy += 1
                     await anyio.sleep(0.1)
                     continue
-                except StoreError as exc:
-                    if SESSION_ENDED not in exc.message:
-                        raise
+                except StoreInterruptedError:
                     ended += 1  # this one was stopped past PostgreSQL's idle timeout: its claim was undone
                     continue
                 else:

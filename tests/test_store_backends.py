@@ -286,15 +286,17 @@ def _entry(i: int, writer: str) -> AuditEntry:
                       outcome="ran", rule="builtin:read", detail={"i": i}, duration_ms=random.random() * 10)
 
 
-async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Database) -> None:
-    """Two independent stores (as two replicas would have) append at once; the chain verifies."""
+async def _append_from_two_replicas(db: Database, chains: tuple[AuditChain, AuditChain], entries: int,
+                                    flush_every: int) -> None:
+    """`db` and a second store on its URL (as two replicas would have) append `entries` each at once,
+    each through its own chain, flushing every `flush_every` entries."""
     second = await open_database(db.url)
-    logs = [AuditLog(db, CHAIN, flush_interval=0.001), AuditLog(second, CHAIN, flush_interval=0.001)]
+    logs = [AuditLog(store, chain, flush_interval=0.001) for store, chain in zip((db, second), chains, strict=True)]
 
     async def write(log: AuditLog, name: str) -> None:
-        for i in range(150):
+        for i in range(entries):
             log.record(_entry(i, name))
-            if i % 7 == 0:
+            if i % flush_every == 0:
                 await log.flush()
             await anyio.sleep(0)
         await log.flush()
@@ -305,6 +307,11 @@ async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Datab
                 tasks.start_soon(write, log, f"replica-{n}")
     finally:
         await second.close()
+
+
+async def test_the_audit_chain_stays_one_chain_with_concurrent_writers(db: Database) -> None:
+    """Two independent stores (as two replicas would have) append at once; the chain verifies."""
+    await _append_from_two_replicas(db, (CHAIN, CHAIN), entries=150, flush_every=7)
     assert await db.fetch_one("SELECT COUNT(*) AS n, MAX(id) AS top FROM audit_log") == {"n": 300, "top": 300}
     assert await verify_chain(db, CHAIN) == []
     async with db.transaction() as tx:
@@ -354,24 +361,7 @@ class _PreviousReleaseChain(AuditChain):
 async def test_a_replica_still_on_the_previous_release_and_one_on_this_make_one_chain(db: Database) -> None:
     """During a rolling upgrade one replica takes the chain's lock and then reads its head, the other
     does both in one statement: both take the same lock, so they still serialise."""
-    second = await open_database(db.url)
-    logs = [AuditLog(db, CHAIN, flush_interval=0.001),
-            AuditLog(second, _PreviousReleaseChain(CHAIN.keys), flush_interval=0.001)]
-
-    async def write(log: AuditLog, name: str) -> None:
-        for i in range(100):
-            log.record(_entry(i, name))
-            if i % 3 == 0:
-                await log.flush()
-            await anyio.sleep(0)
-        await log.flush()
-
-    try:
-        async with anyio.create_task_group() as tasks:
-            for n, log in enumerate(logs):
-                tasks.start_soon(write, log, f"replica-{n}")
-    finally:
-        await second.close()
+    await _append_from_two_replicas(db, (CHAIN, _PreviousReleaseChain(CHAIN.keys)), entries=100, flush_every=3)
     assert await db.fetch_one("SELECT COUNT(*) AS n, MAX(id) AS top FROM audit_log") == {"n": 200, "top": 200}
     assert await verify_chain(db, CHAIN) == []
 
