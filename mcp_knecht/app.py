@@ -142,7 +142,7 @@ async def assemble(
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets,
                 hash_arguments=lambda text: keys.mac("arguments", text), observe=observe)
     # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
-    watcher = ProposalWatcher(proposals, changes, interval=5.0 if db.dialect == "postgresql" else 0.5)
+    watcher = ProposalWatcher(proposals, changes)
     features = Features(ai_settings, gate=gate, db=db, audit=audit, proposals=proposals, changes=changes,
                         secrets=secrets)
     if features.serves_diagnosis:  # the AI layer's tables, where there are runs to diagnose

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -176,7 +177,8 @@ async def test_a_look_at_the_proposals_the_store_named_reads_only_those(app: App
     assert reads.asked[-1] == [waiting[1], waiting[2], waiting[3]]
 
 
-async def test_the_change_feed_names_the_proposals_that_moved_where_the_store_announces_them(app: App) -> None:
+async def test_the_change_feed_names_the_proposals_that_moved(app: App) -> None:
+    """PostgreSQL names them in its NOTIFY; SQLite by the outbox rows each change writes in its own transaction."""
     from mcp_knecht.core.approval import Operator
 
     proposal_id = await stage(app)
@@ -185,24 +187,37 @@ async def test_the_change_feed_names_the_proposals_that_moved_where_the_store_an
         with anyio.fail_after(5):
             while not await wakeups.wait(1.0):
                 pass
-        if app.db.dialect != "postgresql":  # polling: nothing named, everything is read
-            assert wakeups.keys is None
-            return
         assert wakeups.keys == {proposal_id}
 
-        async def announced(sql: str) -> frozenset[int] | None:
+        async def announced(*statements: str) -> frozenset[int] | None:
             async with app.db.transaction() as tx:
-                await tx.execute(sql)
+                for sql in statements:
+                    await tx.execute(sql)
             await anyio.sleep(0.3)  # every notification of the commit arrives before the one wait that takes them
             assert await wakeups.wait(1.0)
             return wakeups.keys
 
-        def notify(count: int) -> str:
-            return f"SELECT pg_notify('knecht_proposals', n::text) FROM generate_series(1, {count}) n"
+        if app.db.dialect == "postgresql":
+            def notify(count: int) -> str:
+                return f"SELECT pg_notify('knecht_proposals', n::text) FROM generate_series(1, {count}) n"
 
-        assert await announced(notify(3)) == {1, 2, 3}
-        assert await announced(notify(MAX_KEYS + 1)) is None  # more than are worth naming: read it all
-        assert await announced("SELECT pg_notify('knecht_proposals', 'not a key')") is None
+            assert await announced(notify(3)) == {1, 2, 3}
+            assert await announced(notify(MAX_KEYS + 1)) is None  # more than are worth naming: read it all
+            assert await announced("SELECT pg_notify('knecht_proposals', 'not a key')") is None
+            return
+
+        def events(count: int) -> str:
+            return ("WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < "
+                    f"{count}) INSERT INTO notify_outbox (uid, event, proposal_id, payload_json, created_at)"
+                    " SELECT 'evt_test_' || (SELECT COUNT(*) FROM notify_outbox) || '_' || k, 'decided', k, '{}',"
+                    " '2026-01-01T00:00:00.000000Z' FROM n")
+
+        assert await announced(events(3)) == {1, 2, 3}
+        assert await wakeups.wait(1.0) and wakeups.keys == frozenset()  # nothing since: nothing named
+        assert await announced(events(MAX_KEYS + 1)) is None  # more than are worth naming: read it all
+        # Every row purged, and the numbering starts again below the last one read: what is new is unknown.
+        assert await announced("DELETE FROM notify_outbox", events(2)) is None
+        assert await announced(events(1)) == {1}
 
 
 async def test_the_watcher_still_finds_a_proposal_whose_time_ran_out_while_others_keep_moving(app: App) -> None:
@@ -230,6 +245,59 @@ async def test_the_watcher_still_finds_a_proposal_whose_time_ran_out_while_other
                     await tx.execute("UPDATE proposals SET status = status WHERE id = ?", (busy,))
                 await anyio.sleep(0.05)
         tasks.cancel_scope.cancel()
+
+
+async def _watching(reads: _CountingReads, app: App, heard: list[Any]) -> Any:
+    from mcp_knecht.core.proposal_watch import ProposalWatcher
+
+    async def listen(change: Any) -> None:
+        heard.append((change.proposal_id, change.status))
+
+    watcher = ProposalWatcher(reads, app.changes, interval=60.0)  # type: ignore[arg-type]
+    watcher.subscribe(listen)
+    return watcher
+
+
+async def test_between_two_looks_at_everything_the_running_watcher_reads_only_what_moved(app: App) -> None:
+    """However many proposals wait, a decision costs the watcher a read of that one (named by the store)."""
+    from mcp_knecht.core.approval import Operator
+
+    waiting = [await stage(app) for _ in range(30)]
+    reads, heard = _CountingReads(app.proposals), []
+    watcher = await _watching(reads, app, heard)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(watcher.run)
+        with anyio.fail_after(5):
+            while not reads.asked:  # the first look: at every open one
+                await anyio.sleep(0.02)
+        assert reads.asked == [waiting]
+        await app.approvals.reject(waiting[7], Operator("bob"), "no")
+        with anyio.fail_after(5):
+            while not heard:
+                await anyio.sleep(0.02)
+        tasks.cancel_scope.cancel()
+    assert heard == [(waiting[7], "rejected")]
+    assert [ids for ids in reads.asked[1:] if ids] == [[waiting[7]]]
+
+
+async def test_the_running_watcher_finds_a_proposal_whose_time_runs_out_without_a_look_at_everything(
+        app: App) -> None:
+    from mcp_knecht.core import clock
+
+    soon, later = await stage(app), await stage(app)
+    async with app.db.transaction() as tx:  # runs out in a second; nothing will write `expired` or notify
+        await tx.execute("UPDATE proposals SET expires_at = ? WHERE id = ?",
+                         (clock.timestamp(clock.now() + timedelta(seconds=1)), soon))
+    reads, heard = _CountingReads(app.proposals), []
+    watcher = await _watching(reads, app, heard)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(watcher.run)
+        with anyio.fail_after(5):
+            while not heard:
+                await anyio.sleep(0.05)
+        tasks.cancel_scope.cancel()
+    assert heard == [(soon, "expired")]
+    assert reads.asked[0] == [soon, later] and [ids for ids in reads.asked[1:] if ids] == [[soon]]
 
 
 # --- Issue 11, item 10: resources are the gate's get_proposal, subscriptions belong to a connection ---
@@ -326,3 +394,24 @@ async def test_resources_page_past_fifty(app: App) -> None:
             await client.list_resources(cursor="x'; DROP TABLE proposals; --")
     assert len(seen) == len(set(seen)) == 61
     assert {int(u.rsplit("/", 1)[1]) for u in seen} == made
+
+
+def test_a_look_at_many_waiting_proposals_reads_each_by_key_whatever_sqlites_statistics_say(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite plans by the statistics it last gathered: gathered at a hundred proposals, `id IN (…)` over a
+    table grown to thousands scanned all of it, for each chunk of ids the watcher asked about."""
+    import sqlite3
+
+    from mcp_knecht.store.proposals import _settled
+
+    db = sqlite3.connect(tmp_path / "stale.db")
+    db.executescript(
+        "CREATE TABLE proposals (id INTEGER PRIMARY KEY, status TEXT, expires_at TEXT, proposer_subject TEXT);"
+        "CREATE INDEX proposals_by_status ON proposals (status, id);"
+        "WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < 100)"
+        " INSERT INTO proposals SELECT k, 'pending', '2030', 'alice' FROM n;"
+        "ANALYZE;"
+        "WITH RECURSIVE n(k) AS (SELECT 101 UNION ALL SELECT k + 1 FROM n WHERE k < 20000)"
+        " INSERT INTO proposals SELECT k, 'pending', '2030', 'alice' FROM n;")
+    sql, params = _settled("sqlite", list(range(1, 501)), "2026-01-01T00:00:00.000000Z")
+    plan = " / ".join(row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+    assert "SEARCH p USING INTEGER PRIMARY KEY" in plan and "SCAN p" not in plan and "BLOOM" not in plan, plan

@@ -3,16 +3,25 @@ connected agents can be told without asking."""
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
 import msgspec
 
+from mcp_knecht.core import clock
 from mcp_knecht.core.changes import ChangeFeed
-from mcp_knecht.core.proposals import OPEN, ProposalRepository
+from mcp_knecht.core.proposals import OPEN, Proposal, ProposalRepository
 
 logger = logging.getLogger(__name__)
+
+LOOK_AT_ALL_SECONDS = 15.0
+"""How often the watcher reads every open proposal however many changes the store names: for the
+changes nobody announces (a row written around the store, a lost notification)."""
+EXPIRY_LOOK_SECONDS = 1.0
+"""A look at the proposals whose time has run out comes at least this often, whatever else wakes it."""
+PRIME_PAGE = 1_000
 
 
 class StatusChange(msgspec.Struct, frozen=True):
@@ -27,15 +36,19 @@ Listener = Callable[[StatusChange], Awaitable[None]]
 
 
 class ProposalWatcher:
-    def __init__(self, proposals: ProposalRepository, changes: ChangeFeed, *, interval: float = 0.5) -> None:
-        """Looks whenever `changes` wakes it (at once on a store that pushes), at just the proposals it
-        names where it names them (`Wakeups.keys`), and at everything at least every `interval` seconds
-        (expiry is a change nobody announces)."""
+    def __init__(self, proposals: ProposalRepository, changes: ChangeFeed, *,
+                 interval: float = LOOK_AT_ALL_SECONDS) -> None:
+        """Looks whenever `changes` wakes it, at just the proposals it names where it names them
+        (`Wakeups.keys`) and at those whose time has run out since (an expiry nobody announces), and at
+        everything at least every `interval` seconds. A look at everything costs a row per open proposal:
+        with an agent's hundred thousand waiting, a look twice a second kept a core busy."""
         self._proposals = proposals
         self._interval = interval
         self._changes = changes
         self._listeners: list[Listener] = []
         self._open: dict[int, str] = {}
+        self._expiring: list[tuple[str, int]] = []
+        """(expires_at, id) of every pending proposal seen: a heap, soonest first."""
         self._newest = 0
         self._primed = False
 
@@ -47,9 +60,30 @@ class ProposalWatcher:
         newest = await self._proposals.list(limit=1)
         self._newest = newest[0].id if newest else 0
         for status in OPEN:
-            for proposal in await self._proposals.list(status=status, limit=100_000):
-                self._open[proposal.id] = proposal.status
+            after = 0
+            while page := await self._proposals.list(status=status, after_id=after, limit=PRIME_PAGE,
+                                                     oldest_first=True):
+                for proposal in page:
+                    self._track(proposal)
+                after = page[-1].id
         self._primed = True
+
+    def _track(self, proposal: Proposal) -> None:
+        self._open[proposal.id] = proposal.status
+        if proposal.status == "pending":
+            heapq.heappush(self._expiring, (proposal.expires_at, proposal.id))
+
+    def _overdue(self) -> list[int]:
+        """The pending proposals whose time has run out since the last look (popped from the heap)."""
+        now, due = clock.timestamp(), []
+        while self._expiring and self._expiring[0][0] <= now:
+            _, proposal_id = heapq.heappop(self._expiring)
+            if self._open.get(proposal_id) == "pending":
+                due.append(proposal_id)
+        if len(self._expiring) > 2 * len(self._open) + PRIME_PAGE:  # mostly decided ones: keep the heap small
+            self._expiring = [entry for entry in self._expiring if self._open.get(entry[1]) == "pending"]
+            heapq.heapify(self._expiring)
+        return due
 
     async def poll(self, moved: frozenset[int] | None = None) -> list[StatusChange]:
         """One look at the store; returns (and announces) what changed since the last. `moved`: the only
@@ -64,10 +98,13 @@ class ProposalWatcher:
             for proposal in fresh:
                 self._newest = proposal.id
                 if proposal.status in OPEN:
-                    self._open[proposal.id] = proposal.status
+                    self._track(proposal)
                 else:  # staged and decided between two looks
                     changes.append(StatusChange(proposal.id, proposal.status, proposal.proposer_subject))
-        looked_at = list(self._open) if moved is None else [i for i in moved if i in self._open]
+        if moved is None:
+            looked_at = list(self._open)
+        else:
+            looked_at = list(dict.fromkeys([*(i for i in moved if i in self._open), *self._overdue()]))
         if looked_at:  # proposals are never deleted: one that is not `settled` is still pending
             settled = await self._proposals.settled(looked_at)
             for proposal_id, (status, subject) in settled.items():
@@ -97,9 +134,10 @@ class ProposalWatcher:
                     moved, looked_at_all = None, anyio.current_time()
                 looked = await self._poll_logged(moved)
                 until_all = max(0.0, self._interval - (anyio.current_time() - looked_at_all))
-                woke = await wakeups.wait(until_all)
-                # After a look that failed, the next one is at everything: what it missed is among it.
-                moved = wakeups.keys if woke and looked else None
+                woke = await wakeups.wait(min(until_all, EXPIRY_LOOK_SECONDS))
+                # A quiet wait named nothing (the next look is at what ran out of time); after a look that
+                # failed, the next one is at everything: what it missed is among it.
+                moved = (wakeups.keys if woke else frozenset()) if looked else None
 
     async def _poll_logged(self, moved: frozenset[int] | None) -> bool:
         try:

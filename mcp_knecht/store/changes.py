@@ -1,11 +1,17 @@
 """The store's change feeds (`core.changes.ChangeFeed`): LISTEN/NOTIFY on PostgreSQL, polling elsewhere.
 
-- `PollingFeed` (SQLite, or any store): wakes every `interval` seconds.
+- `OutboxFeed` (SQLite): polling every `POLL_INTERVAL` seconds; for topic `proposals` it names the
+  proposals that changed meanwhile. Every change of a proposal's status writes its event to
+  `notify_outbox` in the change's own transaction, from whichever process made it
+  (`notify.outbox.OutboxWriter`), and SQLite's single writer numbers those rows in the order they
+  commit: the rows beyond the last one read are what changed since. So a watcher of every open
+  proposal reads the few that moved, not all of them. (A row written around the store names nothing:
+  such a watcher still reads everything every so often.)
 - `PgChangeFeed` (PostgreSQL): one LISTEN connection per server process, listening on channel
   `knecht_<topic>` for each topic someone watches. The NOTIFY comes from a trigger (e.g. on
   `proposals`, sql/postgresql/0002) in whichever process or replica commits the change. If that
-  connection is lost it falls back to polling and reconnects on the next wait. Even while
-  listening it wakes after `recheck` seconds, as a safety net.
+  connection is lost it falls back to polling (naming nothing) and reconnects on the next wait.
+  Even while listening it wakes after `recheck` seconds, as a safety net.
 
 `open_change_feed(db)` picks the one that fits the store; its owner closes it.
 """
@@ -47,15 +53,65 @@ class _Polling:
         return True
 
 
-class PollingFeed:
-    """No push channel: wake every `interval` seconds and let the caller read again."""
+class _OutboxWakeups:
+    """Polling, and `keys`: the proposals of the outbox rows written since the last wait."""
 
-    def __init__(self, interval: float = POLL_INTERVAL) -> None:
+    def __init__(self, db: Database, interval: float, after: int | None) -> None:
+        self._db = db
+        self._interval = interval
+        self._after = after
+        """The newest outbox row already named (None: not known, so the next wait names nothing)."""
+        self.keys: frozenset[int] | None = None
+
+    async def wait(self, timeout: float) -> bool:
+        await anyio.sleep(max(0.0, min(self._interval, timeout)))
+        self.keys = await self._named()
+        return True
+
+    async def _named(self) -> frozenset[int] | None:
+        try:
+            newest = await _newest_event(self._db)
+            if self._after is None or newest < self._after:  # unknown, or the rows were purged and ids reused
+                self._after = newest
+                return None
+            if newest == self._after:
+                return frozenset()
+            rows = await self._db.lookup(
+                "SELECT id, proposal_id FROM notify_outbox WHERE id > ? ORDER BY id LIMIT ?",
+                (self._after, MAX_KEYS + 1))
+        except StoreError as exc:  # the next wait tries again; meanwhile the caller reads everything
+            logger.debug("Reading the outbox for changes failed: %s", exc.message)
+            return None
+        if len(rows) > MAX_KEYS:
+            self._after = newest
+            return None
+        if rows:
+            self._after = rows[-1]["id"]
+        return frozenset(row["proposal_id"] for row in rows)
+
+
+async def _newest_event(db: Database) -> int:
+    rows = await db.lookup("SELECT COALESCE(MAX(id), 0) AS newest FROM notify_outbox")
+    return int(rows[0]["newest"])
+
+
+class OutboxFeed:
+    """SQLite's feed: polling, naming the proposals that changed (topic `proposals`; see the module)."""
+
+    def __init__(self, db: Database, interval: float = POLL_INTERVAL) -> None:
+        self._db = db
         self._interval = interval
 
     @asynccontextmanager
     async def watching(self, topic: str, key: int | None = None) -> AsyncIterator[Wakeups]:
-        yield _Polling(self._interval)
+        if topic != "proposals":
+            yield _Polling(self._interval)
+            return
+        try:
+            after: int | None = await _newest_event(self._db)  # before the caller's first read: nothing slips by
+        except StoreError:
+            after = None
+        yield _OutboxWakeups(self._db, self._interval, after)
 
     async def aclose(self) -> None:
         pass
@@ -169,7 +225,7 @@ class PgChangeFeed:
 
 
 def open_change_feed(db: Database) -> ChangeFeed:
-    """LISTEN/NOTIFY on PostgreSQL, polling elsewhere. The caller closes it."""
+    """LISTEN/NOTIFY on PostgreSQL, polling that reads the outbox on SQLite. The caller closes it."""
     if db.dialect == "postgresql":
         return PgChangeFeed(db)
-    return PollingFeed()
+    return OutboxFeed(db)

@@ -70,6 +70,20 @@ def _status_condition(status: str | None, now: str) -> tuple[list[str], list[Any
     return exact_matches({"status": status})
 
 
+def _settled(dialect: str, ids: Sequence[int], now: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement reading which of `ids` are no longer pending. On SQLite the ids come as one JSON
+    array, the outer loop (`CROSS JOIN` keeps it there), each a lookup by key. With `id IN (…)` its
+    planner scans the whole table once its statistics say the table is small, and they say so for as
+    long as it grows: from a start with a hundred proposals to 200,000 waiting, 31 ms a chunk of 500 (a
+    look at them all 12 s), against 0.2 ms so."""
+    if dialect == "sqlite":
+        return ("SELECT p.id, p.status, p.expires_at, p.proposer_subject FROM json_each(?) AS wanted"
+                " CROSS JOIN proposals p WHERE p.id = wanted.value AND (p.status <> 'pending' OR p.expires_at <= ?)",
+                (json.dumps(list(ids)), now))
+    return ("SELECT id, status, expires_at, proposer_subject FROM proposals"
+            f" WHERE id IN ({', '.join('?' * len(ids))}) AND (status <> 'pending' OR expires_at <= ?)", (*ids, now))
+
+
 class SqlProposalRepository:
     def __init__(self, db: Database, chain: AuditChain, *, on_status: StatusHook | None = None) -> None:
         self._db = db
@@ -291,11 +305,6 @@ class SqlProposalRepository:
         now = clock.timestamp()
         found: dict[int, tuple[str, str]] = {}
         for start in range(0, len(ids), 500):
-            chunk = list(ids[start:start + 500])
-            rows = await self._db.fetch_all(
-                "SELECT id, status, expires_at, proposer_subject FROM proposals"
-                f" WHERE id IN ({', '.join('?' * len(chunk))}) AND (status <> 'pending' OR expires_at <= ?)",
-                (*chunk, now),
-            )
+            rows = await self._db.fetch_all(*_settled(self._db.dialect, ids[start:start + 500], now))
             found.update({row["id"]: (_effective_status(row, now), row["proposer_subject"]) for row in rows})
         return found
