@@ -141,7 +141,7 @@ async def assemble(
     stager = ProposalStager(proposals, keys, ttl=settings.proposal_ttl, scrub=secrets)
     gate = Gate(registry, audit, policy=policy, stager=stager, scrub=secrets,
                 hash_arguments=lambda text: keys.mac("arguments", text), observe=observe)
-    # With a push channel (PostgreSQL) the watcher looks at once on a change, else twice a second.
+    # The watcher reads what the store names as changed (NOTIFY on PostgreSQL, the outbox on SQLite).
     watcher = ProposalWatcher(proposals, changes)
     features = Features(ai_settings, gate=gate, db=db, audit=audit, proposals=proposals, changes=changes,
                         secrets=secrets)

@@ -8,13 +8,14 @@
 
 A wake-up means "read again", never "it changed": callers always re-read, so a spurious or lost
 notification costs latency, never correctness. The store implements it: PostgreSQL with
-LISTEN/NOTIFY on channel `knecht_<topic>` (payload: the key), every other store by polling.
+LISTEN/NOTIFY on channel `knecht_<topic>` (payload: the key), SQLite by polling (naming the keys its
+notification outbox holds).
 
 Where the store announced every change with its key, `wakeups.keys` names the keys that woke the
 last wait, so a watcher of a whole topic can read just those; None means "anything may have
 changed" (polling, a lost connection, more keys than it is worth naming), and it reads it all.
-A change nobody announces (a proposal's time running out) is only found by reading it all, which
-such a watcher therefore still does every so often however many keys arrive.
+A change nobody announces (a row written around the store, a lost notification) is only found by
+reading it all, which such a watcher therefore still does every so often however many keys arrive.
 """
 
 from __future__ import annotations
