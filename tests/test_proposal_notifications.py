@@ -394,24 +394,3 @@ async def test_resources_page_past_fifty(app: App) -> None:
             await client.list_resources(cursor="x'; DROP TABLE proposals; --")
     assert len(seen) == len(set(seen)) == 61
     assert {int(u.rsplit("/", 1)[1]) for u in seen} == made
-
-
-def test_a_look_at_many_waiting_proposals_reads_each_by_key_whatever_sqlites_statistics_say(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """SQLite plans by the statistics it last gathered: gathered at a hundred proposals, `id IN (…)` over a
-    table grown to thousands scanned all of it, for each chunk of ids the watcher asked about."""
-    import sqlite3
-
-    from mcp_knecht.store.proposals import _settled
-
-    db = sqlite3.connect(tmp_path / "stale.db")
-    db.executescript(
-        "CREATE TABLE proposals (id INTEGER PRIMARY KEY, status TEXT, expires_at TEXT, proposer_subject TEXT);"
-        "CREATE INDEX proposals_by_status ON proposals (status, id);"
-        "WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < 100)"
-        " INSERT INTO proposals SELECT k, 'pending', '2030', 'alice' FROM n;"
-        "ANALYZE;"
-        "WITH RECURSIVE n(k) AS (SELECT 101 UNION ALL SELECT k + 1 FROM n WHERE k < 20000)"
-        " INSERT INTO proposals SELECT k, 'pending', '2030', 'alice' FROM n;")
-    sql, params = _settled("sqlite", list(range(1, 501)), "2026-01-01T00:00:00.000000Z")
-    plan = " / ".join(row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-    assert "SEARCH p USING INTEGER PRIMARY KEY" in plan and "SCAN p" not in plan and "BLOOM" not in plan, plan

@@ -70,6 +70,25 @@ def _status_condition(status: str | None, now: str) -> tuple[list[str], list[Any
     return exact_matches({"status": status})
 
 
+def _listing(status: str | None, subject: str | None, after_id: int, before_id: int | None, oldest_first: bool,
+             limit: int, now: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement of `list`. An id bound only where one was asked for: SQLite's planner takes `id > 0`
+    for a range of the primary key to walk, and where its statistics say one status holds every row
+    (taken while all proposals were pending) it walked that range for a status none had, instead of
+    the status index: 34 ms over 200,000 proposals, against 0.01 ms."""
+    where, params = _status_condition(status, now)
+    subject_where, subject_params = exact_matches({"proposer_subject": subject})
+    conditions, values = [*where, *subject_where], [*params, *subject_params]
+    if after_id:
+        conditions.append("id > ?")
+        values.append(after_id)
+    if before_id is not None:
+        conditions.append("id < ?")
+        values.append(before_id)
+    where_clause = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return f"{_SELECT}{where_clause} ORDER BY id {'ASC' if oldest_first else 'DESC'} LIMIT ?", (*values, limit)
+
+
 def _settled(dialect: str, ids: Sequence[int], now: str) -> tuple[str, tuple[Any, ...]]:
     """The statement reading which of `ids` are no longer pending. On SQLite the ids come as one JSON
     array, the outer loop (`CROSS JOIN` keeps it there), each a lookup by key. With `id IN (…)` its
@@ -206,17 +225,7 @@ class SqlProposalRepository:
                    after_id: int = 0, before_id: int | None = None,
                    oldest_first: bool = False) -> builtins.list[Proposal]:
         now = clock.timestamp()
-        where, params = _status_condition(status, now)
-        subject_where, subject_params = exact_matches({"proposer_subject": subject})
-        conditions = ["id > ?", *where, *subject_where]
-        if before_id is not None:
-            conditions.append("id < ?")
-            subject_params.append(before_id)
-        order = "ASC" if oldest_first else "DESC"
-        rows = await self._db.fetch_all(
-            f"{_SELECT} WHERE {' AND '.join(conditions)} ORDER BY id {order} LIMIT ?",
-            (after_id, *params, *subject_params, limit),
-        )
+        rows = await self._db.fetch_all(*_listing(status, subject, after_id, before_id, oldest_first, limit, now))
         return await self._with_approvals([_proposal(row, now) for row in rows])
 
     async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,

@@ -1,0 +1,78 @@
+"""SQLite plans each statement by the statistics it last gathered (`PRAGMA optimize` when a store is
+closed), and a store keeps growing after that for as long as its server runs. The reads that must stay
+fast at scale find their index whatever those statistics say."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from mcp_knecht.store.proposals import _listing, _settled
+
+SCHEMA = Path(__file__).resolve().parent.parent / "mcp_knecht" / "store" / "sql" / "sqlite"
+NOW = "2026-12-07T12:00:00.000000Z"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> sqlite3.Connection:
+    """The store's schema, with statistics taken while every proposal was pending."""
+    db = sqlite3.connect(tmp_path / "plans.db")
+    for migration in sorted(SCHEMA.glob("*.sql")):
+        db.executescript(migration.read_text())
+    db.executescript(
+        "WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < 2000)"
+        " INSERT INTO proposals (tool, arguments_json, arguments_hash, proposer_subject, proposer_client,"
+        " proposer_scopes, rule, status, created_at, expires_at)"
+        " SELECT 'record_effect', '{}', 'h' || k, 'agent-' || (k % 7), 'pytest', '', 'default', 'pending',"
+        " '2026-12-07T00:00:00.000000Z', '2030-01-01T00:00:00.000000Z' FROM n;"
+        "ANALYZE;")
+    return db
+
+
+def plan(db: sqlite3.Connection, statement: tuple[str, tuple[object, ...]]) -> str:
+    sql, params = statement
+    return " / ".join(row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+
+
+def test_a_listing_by_status_reads_the_status_index_not_every_proposal(store: sqlite3.Connection) -> None:
+    for status in ("succeeded", "failed", "pending"):
+        steps = plan(store, _listing(status, None, 0, None, False, 51, NOW))
+        assert "USING INDEX proposals_by_status" in steps, steps
+        steps = plan(store, _listing(status, "agent-3", 0, None, False, 21, NOW))
+        assert "USING INDEX proposals_by_subject_status" in steps, steps
+
+
+def test_a_look_at_many_waiting_proposals_reads_each_by_key(store: sqlite3.Connection) -> None:
+    """Statistics from a hundred proposals, the table grown to thousands: `id IN (…)` scanned all of it,
+    for each chunk of ids the watcher asked about."""
+    store.executescript("DELETE FROM sqlite_stat1; DELETE FROM proposals WHERE id > 100; ANALYZE;"
+                        "WITH RECURSIVE n(k) AS (SELECT 101 UNION ALL SELECT k + 1 FROM n WHERE k < 20000)"
+                        " INSERT INTO proposals (tool, arguments_json, arguments_hash, proposer_subject,"
+                        " proposer_client, proposer_scopes, rule, status, created_at, expires_at)"
+                        " SELECT 'record_effect', '{}', 'h' || k, 'agent', 'pytest', '', 'default', 'pending',"
+                        " '2026-12-07T00:00:00.000000Z', '2030-01-01T00:00:00.000000Z' FROM n;")
+    steps = plan(store, _settled("sqlite", list(range(1, 501)), NOW))
+    assert "SEARCH p USING INTEGER PRIMARY KEY" in steps and "SCAN p" not in steps and "BLOOM" not in steps, steps
+
+
+@pytest.mark.anyio
+async def test_a_store_that_grows_while_open_refreshes_the_statistics_it_plans_by(tmp_path: Path) -> None:
+    from mcp_knecht.store.sqlite import CHECKPOINT_ROWS, SQLiteDatabase
+
+    url = f"sqlite:///{tmp_path / 'growing.db'}"
+    db = await SQLiteDatabase.open(url)
+    try:
+        async with db.transaction() as tx:
+            await tx.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, kind TEXT NOT NULL)")
+            await tx.execute("CREATE INDEX events_by_kind ON events (kind, id)")
+            await tx.execute_many("INSERT INTO events (kind) VALUES (?)", [("a",)] * 100)
+            await tx.execute("ANALYZE")
+        assert await db.lookup("SELECT id FROM events WHERE kind = ? ORDER BY id DESC LIMIT 1", ("b",)) == []
+        async with db.transaction() as tx:  # 25-fold and more: enough rows for the next checkpoint, too
+            await tx.execute_many("INSERT INTO events (kind) VALUES (?)", [("b",)] * max(2_600, CHECKPOINT_ROWS))
+        rows = await db.fetch_all("SELECT stat FROM sqlite_stat1 WHERE idx = 'events_by_kind'")
+    finally:
+        await db.close()
+    assert int(rows[0]["stat"].split()[0]) > 2_000  # taken again while open, not at 100
