@@ -247,7 +247,7 @@ async def test_the_watcher_still_finds_a_proposal_whose_time_ran_out_while_other
         tasks.cancel_scope.cancel()
 
 
-async def _watching(reads: _CountingReads, app: App, heard: list[Any]) -> Any:
+def _watching(reads: _CountingReads, app: App, heard: list[Any]) -> Any:
     from mcp_knecht.core.proposal_watch import ProposalWatcher
 
     async def listen(change: Any) -> None:
@@ -264,7 +264,7 @@ async def test_between_two_looks_at_everything_the_running_watcher_reads_only_wh
 
     waiting = [await stage(app) for _ in range(30)]
     reads, heard = _CountingReads(app.proposals), []
-    watcher = await _watching(reads, app, heard)
+    watcher = _watching(reads, app, heard)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(watcher.run)
         with anyio.fail_after(5):
@@ -285,14 +285,14 @@ async def test_the_running_watcher_finds_a_proposal_whose_time_runs_out_without_
     from mcp_knecht.core import clock
 
     soon, later = await stage(app), await stage(app)
-    async with app.db.transaction() as tx:  # runs out in a second; nothing will write `expired` or notify
+    async with app.db.transaction() as tx:  # runs out in 2 s; nothing will write `expired` or notify
         await tx.execute("UPDATE proposals SET expires_at = ? WHERE id = ?",
-                         (clock.timestamp(clock.now() + timedelta(seconds=1)), soon))
+                         (clock.timestamp(clock.now() + timedelta(seconds=2)), soon))
     reads, heard = _CountingReads(app.proposals), []
-    watcher = await _watching(reads, app, heard)
+    watcher = _watching(reads, app, heard)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(watcher.run)
-        with anyio.fail_after(5):
+        with anyio.fail_after(10):
             while not heard:
                 await anyio.sleep(0.05)
         tasks.cancel_scope.cancel()
