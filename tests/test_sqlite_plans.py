@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mcp_knecht.core.database import by_keys
 from mcp_knecht.store.proposals import _listing, _settled
 
 SCHEMA = Path(__file__).resolve().parent.parent / "mcp_knecht" / "store" / "sql" / "sqlite"
@@ -55,6 +56,17 @@ def test_a_look_at_many_waiting_proposals_reads_each_by_key(store: sqlite3.Conne
                         " '2026-12-07T00:00:00.000000Z', '2030-01-01T00:00:00.000000Z' FROM n;")
     steps = plan(store, _settled("sqlite", list(range(1, 501)), NOW))
     assert "SEARCH p USING INTEGER PRIMARY KEY" in steps and "SCAN p" not in steps and "BLOOM" not in steps, steps
+
+
+def test_a_page_of_proposals_reads_its_approvals_by_key(store: sqlite3.Connection) -> None:
+    """Every listing page reads its proposals' approvals: with statistics from a small table, `IN` walked all."""
+    store.executescript("INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
+                        " SELECT id, 'bob', 'bob', '2026', 'seal' FROM proposals WHERE id <= 100; ANALYZE;"
+                        "INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
+                        " SELECT id, 'bob', 'bob', '2026', 'seal' FROM proposals WHERE id > 100;")
+    source, match, params = by_keys("sqlite", "proposal_approvals a", "a.proposal_id", list(range(1900, 2000)))
+    steps = plan(store, (f"SELECT a.* FROM {source} WHERE {match} ORDER BY a.id", params))
+    assert "SEARCH a USING INDEX" in steps and "SCAN a" not in steps, steps
 
 
 @pytest.mark.anyio

@@ -8,6 +8,7 @@ callers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -22,6 +23,24 @@ def exact_matches(columns: Mapping[str, object]) -> tuple[list[str], list[object
     Column names come from our code, never from callers; values are only parameters."""
     given = [(column, value) for column, value in columns.items() if value is not None]
     return [f"{column} = ?" for column, _ in given], [value for _, value in given]
+
+
+def by_keys(dialect: str, table: str, column: str, keys: Sequence[int]) -> tuple[str, str, tuple[object, ...]]:
+    """(FROM source, WHERE condition, its parameters, which come first) for the rows of `table` (with its
+    alias) whose `column` (alias-qualified) is one of `keys`, read as one lookup per key:
+
+        source, match, params = by_keys(db.dialect, "proposals p", "p.id", ids)
+        rows = await db.fetch_all(f"SELECT p.id, p.status FROM {source} WHERE {match}", params)
+
+    SQLite plans by the statistics it last took, and a store keeps growing after that. For `key IN (…)`
+    over a table its statistics call small its planner walks the whole table (statistics from a hundred
+    proposals, 200,000 waiting: 31 ms for 500 ids, against 0.2 ms). So on SQLite the keys go as one JSON
+    array, kept the outer loop by `CROSS JOIN`. (A `VALUES` list was tried first: SQLite 3.40 built a
+    Bloom filter over the table for it, by a scan.) PostgreSQL, whose autovacuum keeps its statistics
+    fresh, gets `IN`."""
+    if dialect == "sqlite":
+        return f"json_each(?) AS wanted CROSS JOIN {table}", f"{column} = wanted.value", (json.dumps(list(keys)),)
+    return table, f"{column} IN ({', '.join('?' * len(keys))})", tuple(keys)
 
 
 class Transaction(Protocol):

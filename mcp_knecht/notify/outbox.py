@@ -28,7 +28,7 @@ import msgspec
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.clock import timestamp
-from mcp_knecht.core.database import Database, Row, Transaction
+from mcp_knecht.core.database import Database, Row, Transaction, by_keys
 from mcp_knecht.core.proposals import Proposal
 from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot
 
@@ -140,10 +140,9 @@ async def _claim(tx: Transaction, db: Database, worker: str, lease: float, limit
     )
     if not rows:
         return []
-    event_ids = sorted({row["event_id"] for row in rows})
+    source, match, params = by_keys(db.dialect, "notify_outbox o", "o.id", sorted({row["event_id"] for row in rows}))
     events = {e["id"]: e for e in await tx.fetch_all(
-        f"SELECT id, uid, event, payload_json, created_at FROM notify_outbox"
-        f" WHERE id IN ({', '.join('?' * len(event_ids))})", event_ids)}
+        f"SELECT o.id, o.uid, o.event, o.payload_json, o.created_at FROM {source} WHERE {match}", params)}
     return [Claimed(id=row["id"], destination=row["destination"], attempts=row["attempts"],
                     uid=events[row["event_id"]]["uid"], event=events[row["event_id"]]["event"],
                     facts=json.loads(events[row["event_id"]]["payload_json"]),

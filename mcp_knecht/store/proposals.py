@@ -23,7 +23,7 @@ from msgspec.structs import replace
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.database import Database, Row, Transaction, exact_matches
+from mcp_knecht.core.database import Database, Row, Transaction, by_keys, exact_matches
 from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, ProposalState, QuorumResult, Turn
 from mcp_knecht.store.audit_log import AuditChain
 from mcp_knecht.store.quorum import add_approval, approval, approvals_of, read_state
@@ -90,17 +90,10 @@ def _listing(status: str | None, subject: str | None, after_id: int, before_id: 
 
 
 def _settled(dialect: str, ids: Sequence[int], now: str) -> tuple[str, tuple[Any, ...]]:
-    """The statement reading which of `ids` are no longer pending. On SQLite the ids come as one JSON
-    array, the outer loop (`CROSS JOIN` keeps it there), each a lookup by key. With `id IN (…)` its
-    planner scans the whole table once its statistics say the table is small, and they say so for as
-    long as it grows: from a start with a hundred proposals to 200,000 waiting, 31 ms a chunk of 500 (a
-    look at them all 12 s), against 0.2 ms so."""
-    if dialect == "sqlite":
-        return ("SELECT p.id, p.status, p.expires_at, p.proposer_subject FROM json_each(?) AS wanted"
-                " CROSS JOIN proposals p WHERE p.id = wanted.value AND (p.status <> 'pending' OR p.expires_at <= ?)",
-                (json.dumps(list(ids)), now))
-    return ("SELECT id, status, expires_at, proposer_subject FROM proposals"
-            f" WHERE id IN ({', '.join('?' * len(ids))}) AND (status <> 'pending' OR expires_at <= ?)", (*ids, now))
+    """The statement reading which of `ids` are no longer pending (a lookup per id: `by_keys`)."""
+    source, match, params = by_keys(dialect, "proposals p", "p.id", ids)
+    return (f"SELECT p.id, p.status, p.expires_at, p.proposer_subject FROM {source}"
+            f" WHERE {match} AND (p.status <> 'pending' OR p.expires_at <= ?)", (*params, now))
 
 
 class SqlProposalRepository:

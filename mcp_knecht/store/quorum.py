@@ -34,7 +34,7 @@ from typing import Any
 
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp
-from mcp_knecht.core.database import Database, Row, Transaction
+from mcp_knecht.core.database import Database, Row, Transaction, by_keys
 from mcp_knecht.core.proposals import Approval, Proposal, ProposalState, QuorumResult
 from mcp_knecht.store.audit_log import AuditChain
 
@@ -144,10 +144,8 @@ async def approvals_of(db: Database, ids: Sequence[int]) -> dict[int, tuple[Appr
     """The approvals of each proposal in `ids`, oldest first."""
     found: dict[int, list[Approval]] = {}
     for start in range(0, len(ids), 500):
-        chunk = list(ids[start:start + 500])
-        rows = await db.fetch_all(
-            f"SELECT * FROM proposal_approvals WHERE proposal_id IN ({', '.join('?' * len(chunk))}) ORDER BY id",
-            chunk)
+        source, match, params = by_keys(db.dialect, "proposal_approvals a", "a.proposal_id", ids[start:start + 500])
+        rows = await db.fetch_all(f"SELECT a.* FROM {source} WHERE {match} ORDER BY a.id", params)
         for row in rows:
             found.setdefault(int(row["proposal_id"]), []).append(approval(row))
     return {proposal_id: tuple(found.get(proposal_id, ())) for proposal_id in ids}
