@@ -218,6 +218,8 @@ async def test_the_change_feed_names_the_proposals_that_moved(app: App) -> None:
         # Every row purged, and the numbering starts again below the last one read: what is new is unknown.
         assert await announced("DELETE FROM notify_outbox", events(2)) is None
         assert await announced(events(1)) == {1}
+        # Someone with write access to the database: a key that is no proposal's id names nothing.
+        assert await announced(events(1).replace("'decided', k,", "'decided', 'x' || k,")) is None
 
 
 async def test_the_watcher_still_finds_a_proposal_whose_time_ran_out_while_others_keep_moving(app: App) -> None:

@@ -87,7 +87,9 @@ class _OutboxWakeups:
             return None
         if rows:
             self._after = rows[-1]["id"]
-        return frozenset(row["proposal_id"] for row in rows)
+        keys = frozenset(row["proposal_id"] for row in rows)
+        # A row written around the store can hold anything (SQLite keeps text in an INTEGER column): read it all.
+        return keys if all(type(key) is int for key in keys) else None
 
 
 async def _newest_event(db: Database) -> int:
@@ -104,7 +106,7 @@ class OutboxFeed:
 
     @asynccontextmanager
     async def watching(self, topic: str, key: int | None = None) -> AsyncIterator[Wakeups]:
-        if topic != "proposals":
+        if topic != "proposals" or key is not None:  # only a watcher of every proposal reads what is named
             yield _Polling(self._interval)
             return
         try:
