@@ -97,6 +97,10 @@ async def _database(proposals: int, audit_rows: int) -> str:
     return url
 
 
+def _never_audited(proposal: Any) -> AuditEntry:
+    raise AssertionError(f"proposal #{proposal.id} expired in the benchmark's store: its expiry is far off")
+
+
 async def _timed(rounds: int, query: Any) -> dict[str, float]:
     samples = []
     for _ in range(rounds):
@@ -119,6 +123,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "list_proposals (own, status pending)": lambda: repo.list(subject="agent-7", status="pending", limit=20),
             "list_proposals (own, status expired)": lambda: repo.list(subject="agent-7", status="expired", limit=20),
             "knecht-approve list (pending, 100)": lambda: repo.list(status="pending", limit=100),
+            "knecht-approve list (expired, 100)": lambda: repo.list(status="expired", limit=100),
             "resources/list (own, 50)": lambda: repo.list(subject="agent-3", limit=50),
             "API page (before = middle)": lambda: repo.list(limit=50, before_id=args.proposals // 2),
             "audit list (newest 50)": lambda: recent_entries(db, limit=50),
@@ -131,6 +136,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # audit log holds an `approved` row for it) — neither may grow with the store.
             "decision: the proposal (get 4242)": lambda: repo.get(4242),
             "decision: the claim's read (4242)": lambda: db.lookup(quorum.CLAIM_READ, (4242,)),
+            # What every server runs every 30 s, holding the writers' lock: the expiry sweep (none is due).
+            "expiry sweep (a write, none due)": lambda: repo.expire_overdue(clock.timestamp(), _never_audited),
         }
         for name, query in cases.items():
             report["cases"][name] = await _timed(args.rounds, query)

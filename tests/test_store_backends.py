@@ -392,6 +392,63 @@ async def _approve(repo: SqlProposalRepository, proposal_id: int, operator: str)
                                     audit=lambda counted, done: _decision("approved", operator))).outcome
 
 
+async def _pages(repo: SqlProposalRepository, *, status: str, subject: str | None, oldest_first: bool,
+                 limit: int) -> list[list[int]]:
+    """Every page of a listing, each asked from where the last one ended (as the API and the CLI page)."""
+    pages: list[list[int]] = []
+    while True:
+        last = pages[-1][-1] if pages else None
+        bound = {"after_id": last or 0} if oldest_first else {"before_id": last}
+        page = await repo.list(status=status, subject=subject, limit=limit, oldest_first=oldest_first, **bound)
+        assert all(p.status == status for p in page)
+        if not page:
+            return pages
+        pages.append([p.id for p in page])
+
+
+async def test_expired_lists_the_written_and_the_overdue_page_by_page_and_the_sweep_changes_neither(
+    db: Database,
+) -> None:
+    """`expired` is two kinds of row, read from two indexes: written `expired`, and pending past its time
+    (which every reader sees as expired). One listing gives both, in id order, whatever the page size,
+    direction or proposer; the sweep then writes the overdue ones `expired` and no listing changes."""
+    repo = SqlProposalRepository(db, CHAIN)
+    ids = [await _create(repo, n) for n in range(40)]
+    kinds = ["written", "overdue", "pending", "succeeded", "overdue", "written", "pending", "overdue"]
+    past = "2000-01-01T00:00:00.000000Z"
+    async with db.transaction() as tx:
+        for n, proposal_id in enumerate(ids):
+            kind = kinds[(n * 5) % len(kinds)]
+            status = {"written": "expired", "succeeded": "succeeded"}.get(kind, "pending")
+            await tx.execute("UPDATE proposals SET status = ?, proposer_subject = ?, expires_at = ? WHERE id = ?",
+                             (status, ("alice", "carol", "dave")[n % 3],
+                              past if kind in ("written", "overdue") else "9999-12-31T00:00:00.000000Z", proposal_id))
+    everything = await repo.list(limit=1000, oldest_first=True)
+    listed_before = {}
+    for subject in (None, "alice", "carol"):
+        expected = [p.id for p in everything if p.status == "expired" and subject in (None, p.proposer_subject)]
+        assert len(expected) > 3
+        for oldest_first in (True, False):
+            for limit in (1, 3, 50):
+                pages = await _pages(repo, status="expired", subject=subject, oldest_first=oldest_first,
+                                     limit=limit)
+                assert [i for page in pages for i in page] == (expected if oldest_first else expected[::-1])
+                assert all(len(page) == limit for page in pages[:-1])
+                listed_before[subject, oldest_first, limit] = pages
+
+    overdue = [row["id"] for row in await db.fetch_all(
+        "SELECT id FROM proposals WHERE status = 'pending' AND expires_at = ? ORDER BY id", (past,))]
+    assert len(overdue) == kinds.count("overdue") * 5
+    swept = await repo.expire_overdue(timestamp(), lambda p: _decision("expired", "mcp-knecht"))
+    assert [p.id for p in swept] == overdue
+    assert await repo.expire_overdue(timestamp(), lambda p: _decision("expired", "mcp-knecht")) == []
+    for (subject, oldest_first, limit), pages in listed_before.items():
+        assert await _pages(repo, status="expired", subject=subject, oldest_first=oldest_first,
+                            limit=limit) == pages
+    pending = [p.id for p in await repo.list(status="pending", limit=1000)]
+    assert len(pending) == kinds.count("pending") * 5 and not set(pending) & {p.id for p in swept}
+
+
 async def test_a_turn_had_at_once_hands_over_what_it_read_where_other_processes_do_not_queue_on_it(
     db: Database,
 ) -> None:

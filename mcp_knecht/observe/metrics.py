@@ -46,6 +46,7 @@ from mcp_knecht.core.database import Database
 from mcp_knecht.core.proposals import STATUSES
 from mcp_knecht.errors import KnechtError
 from mcp_knecht.store.health import store_error_counts
+from mcp_knecht.store.proposals import OVERDUE, overdue_source
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +56,17 @@ _FLUSH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _DECIDED = {"approved": "approved", "executing": "approved", "succeeded": "approved", "failed": "approved",
             "rejected": "rejected", "expired": "expired"}
 
-# Counts by stored status walk the status index only; the pending ones (few) are then split into
-# still pending and overdue, which read as expired everywhere.
+# Counts by stored status walk the status index only; the pending ones are then split into still
+# pending and overdue (which read as expired everywhere), counted from the index of the overdue.
 _BY_STATUS = "SELECT status, COUNT(*) AS n FROM proposals GROUP BY status"
-_PENDING = """
-SELECT COUNT(*) AS overdue,
-       (SELECT MIN(created_at) FROM proposals WHERE status = 'pending' AND expires_at > ?) AS oldest
-FROM proposals WHERE status = 'pending' AND expires_at <= ?
-"""
+
+
+def _pending(dialect: str) -> str:
+    """The overdue ones' count, and when the first one still waiting was staged: the lowest id, found by the
+    status index (the least `created_at` read every pending row: 190 ms at each scrape with 100,000)."""
+    return (f"SELECT (SELECT COUNT(*) FROM {overdue_source(dialect)} WHERE {OVERDUE}) AS overdue,"
+            " (SELECT created_at FROM proposals WHERE status = 'pending' AND expires_at > ?"
+            " ORDER BY id LIMIT 1) AS oldest")
 
 
 class _StoreSnapshot(msgspec.Struct):
@@ -172,7 +176,7 @@ class Metrics:
         now = clock.timestamp()
         try:
             rows = await self._db.fetch_all(_BY_STATUS)
-            pending = await self._db.fetch_one(_PENDING, (now, now))
+            pending = await self._db.fetch_one(_pending(self._db.dialect), (now, now))
         except KnechtError:
             logger.warning("Reading proposal metrics failed; they are left out of this scrape", exc_info=True)
             self.snapshot = _StoreSnapshot()

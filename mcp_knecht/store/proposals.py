@@ -60,33 +60,70 @@ def _proposal(row: Row, now: str, approvals: tuple[Approval, ...] = ()) -> Propo
     )
 
 
+OVERDUE = "status = 'pending' AND expires_at || '' <= ?"
+"""The pending proposals whose time has run out (they read as `expired`), in the form the index on their
+expiry (`proposals_overdue`, on `expires_at || ''` over pending rows: sql/<dialect>/0009) serves."""
+
+
+def overdue_source(dialect: str) -> str:
+    """`proposals`, told on SQLite to read `OVERDUE` from its index: with no histograms, SQLite's planner
+    would walk every pending row instead (in id order, for a LIMIT; by proposer, for one proposer's)."""
+    return "proposals INDEXED BY proposals_overdue" if dialect == "sqlite" else "proposals"
+
+
+def _expiry_sweep(dialect: str) -> str:
+    """What writes `expired` on every overdue proposal: a range of the index, not a walk of every pending row
+    under the writers' lock (81.8 ms every 30 s over 1,000,000 proposals, a tenth pending; now 0.3 ms)."""
+    return f"UPDATE {overdue_source(dialect)} SET status = 'expired' WHERE {OVERDUE} RETURNING *"
+
+
 def _status_condition(status: str | None, now: str) -> tuple[list[str], list[Any]]:
-    """WHERE conditions for an effective status."""
+    """WHERE conditions for an effective status other than `expired` (`_expired_listing`)."""
     if status == "pending":
         return ["status = 'pending'", "expires_at > ?"], [now]
-    if status == "expired":
-        # The IN lets an index on status serve both kinds of row; the OR then keeps the overdue pending ones.
-        return ["status IN ('expired', 'pending')", "(status = 'expired' OR expires_at <= ?)"], [now]
     return exact_matches({"status": status})
 
 
-def _listing(status: str | None, subject: str | None, after_id: int, before_id: int | None, oldest_first: bool,
-             limit: int, now: str) -> tuple[str, tuple[Any, ...]]:
-    """The statement of `list`. An id bound only where one was asked for: SQLite's planner takes `id > 0`
-    for a range of the primary key to walk, and where its statistics say one status holds every row
-    (taken while all proposals were pending) it walked that range for a status none had, instead of
-    the status index: 34 ms over 200,000 proposals, against 0.01 ms."""
-    where, params = _status_condition(status, now)
-    subject_where, subject_params = exact_matches({"proposer_subject": subject})
-    conditions, values = [*where, *subject_where], [*params, *subject_params]
+def _narrowing(subject: str | None, after_id: int, before_id: int | None) -> tuple[list[str], list[object]]:
+    """A listing's conditions beside its status. An id bound only where one was asked for: SQLite's planner
+    takes `id > 0` for a range of the primary key to walk, and where its statistics say one status holds
+    every row (taken while all proposals were pending) it walked that range for a status none had, instead
+    of the status index: 34 ms over 200,000 proposals, against 0.01 ms."""
+    conditions, values = exact_matches({"proposer_subject": subject})
     if after_id:
         conditions.append("id > ?")
         values.append(after_id)
     if before_id is not None:
         conditions.append("id < ?")
         values.append(before_id)
+    return conditions, values
+
+
+def _listing(dialect: str, status: str | None, subject: str | None, after_id: int, before_id: int | None,
+             oldest_first: bool, limit: int, now: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement of `list`."""
+    narrowing, narrowing_values = _narrowing(subject, after_id, before_id)
+    order = f"ORDER BY id {'ASC' if oldest_first else 'DESC'} LIMIT ?"
+    if status == "expired":
+        return _expired_listing(dialect, narrowing, narrowing_values, order, limit, now)
+    where, params = _status_condition(status, now)
+    conditions = [*where, *narrowing]
     where_clause = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    return f"{_SELECT}{where_clause} ORDER BY id {'ASC' if oldest_first else 'DESC'} LIMIT ?", (*values, limit)
+    return f"{_SELECT}{where_clause} {order}", (*params, *narrowing_values, limit)
+
+
+def _expired_listing(dialect: str, narrowing: list[str], values: list[object], order: str, limit: int,
+                     now: str) -> tuple[str, tuple[Any, ...]]:
+    """`expired` is two kinds of row: those written `expired` (a walk of the status index in id order, as any
+    status) and the pending ones whose time has run out (a range of `proposals_overdue`: the expiry sweep
+    writes them `expired` within 30 s while a server runs, so they are few). One `status IN (…)` over both
+    walked every pending row and sorted (92 ms over 1,000,000 proposals, a tenth pending). The overdue ones
+    are MATERIALIZED so that neither planner walks the pending rows in id order to serve the LIMIT."""
+    also = "".join(f" AND {condition}" for condition in narrowing)
+    return (f"WITH overdue AS MATERIALIZED (SELECT * FROM {overdue_source(dialect)} WHERE {OVERDUE}{also}),"
+            f" written AS (SELECT * FROM proposals WHERE status = 'expired'{also} {order})"
+            f" SELECT * FROM overdue UNION ALL SELECT * FROM written {order}",
+            (now, *values, *values, limit, limit))
 
 
 def _settled(dialect: str, ids: Sequence[int], now: str) -> tuple[str, tuple[Any, ...]]:
@@ -218,7 +255,8 @@ class SqlProposalRepository:
                    after_id: int = 0, before_id: int | None = None,
                    oldest_first: bool = False) -> builtins.list[Proposal]:
         now = clock.timestamp()
-        rows = await self._db.fetch_all(*_listing(status, subject, after_id, before_id, oldest_first, limit, now))
+        rows = await self._db.fetch_all(
+            *_listing(self._db.dialect, status, subject, after_id, before_id, oldest_first, limit, now))
         return await self._with_approvals([_proposal(row, now) for row in rows])
 
     async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
@@ -240,10 +278,7 @@ class SqlProposalRepository:
 
     async def expire_overdue(self, now: str, audit: Callable[[Proposal], AuditEntry]) -> builtins.list[Proposal]:
         async with self._db.transaction(durable=True) as tx:
-            rows = await tx.fetch_all(
-                "UPDATE proposals SET status = 'expired' WHERE status = 'pending' AND expires_at <= ? RETURNING *",
-                (now,),
-            )
+            rows = await tx.fetch_all(_expiry_sweep(self._db.dialect), (now,))
             expired = sorted((_proposal(row, now) for row in rows), key=lambda p: p.id)
             if self._on_status is not None:
                 for proposal in expired:
