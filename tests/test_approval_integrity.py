@@ -13,6 +13,7 @@ import pytest
 
 from mcp_knecht.app import App
 from mcp_knecht.core.canonical import canonical_json
+from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.store.audit_log import verify_chain
 from tests.knecht_harness import Knecht, build, call
 from tests.staging import acli
@@ -139,6 +140,27 @@ async def test_a_proposal_rewritten_in_the_database_is_refused_loudly_and_audite
     tampered = await kn.app.db.fetch_all(
         "SELECT outcome FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
     assert len(tampered) == 2
+
+
+async def test_a_proposal_whose_expiry_was_rewritten_as_bytes_reads_as_expired_and_breaks_no_other_read(
+    kn: Knecht, demo_env: dict[str, str],
+) -> None:
+    """SQLite keeps a BLOB as bytes even in a TEXT column; compared with a timestamp it failed every read of
+    that row: every listing holding it, and the watcher's first look, for good."""
+    proposal_id = await _staged_rerun(kn)
+    async with kn.app.db.transaction() as tx:
+        await tx.execute("UPDATE proposals SET expires_at = x'00ff' WHERE id = ?", (proposal_id,))
+    read = await kn.app.proposals.get(proposal_id)
+    assert read is not None and read.status == "expired" and read.expires_at == ""
+    assert proposal_id in {p.id for p in await kn.app.proposals.list(limit=100) if p.status == "expired"}
+    assert proposal_id not in {p.id for p in await kn.app.proposals.list(status="pending", limit=100)}
+    watcher = ProposalWatcher(kn.app.proposals, kn.app.changes)
+    await watcher.poll()  # its first look reads every open proposal
+    assert proposal_id not in await watcher.poll()  # and later looks go on
+    runs = await _runs(kn)
+    approved = await acli("knecht-approve", demo_env, "approve", str(proposal_id), "--as", "bob")
+    assert approved.returncode == 1 and "expired" in approved.stderr
+    assert await _runs(kn) == runs
 
 
 async def test_arguments_hashes_are_keyed_so_a_staged_value_cannot_be_guessed_offline(kn: Knecht) -> None:

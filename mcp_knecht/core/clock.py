@@ -41,6 +41,13 @@ def timestamp_ns(epoch_ns: int) -> str:
     return f"{text}.{nanoseconds // 1000:06d}Z"
 
 
+def stored(value: object) -> str:
+    """A stored moment read back as text: anything else ("" for a BLOB, which SQLite keeps as bytes even in
+    a TEXT column) was written around the store, and reads as long past, since "" sorts before every
+    timestamp. So one such row reads as expired instead of failing every read that compares it."""
+    return value if isinstance(value, str) else ""
+
+
 def parse(text: str) -> datetime:
     """A stored timestamp (this format, or any ISO 8601 form older rows used) as an aware datetime."""
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))

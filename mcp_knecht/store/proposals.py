@@ -40,7 +40,7 @@ StatusHook = Callable[[Transaction, Proposal], Awaitable[None]]
 
 
 def _effective_status(row: Row, now: str) -> str:
-    return "expired" if row["status"] == "pending" and row["expires_at"] <= now else str(row["status"])
+    return "expired" if row["status"] == "pending" and clock.stored(row["expires_at"]) <= now else str(row["status"])
 
 
 def _proposal(row: Row, now: str, approvals: tuple[Approval, ...] = ()) -> Proposal:
@@ -51,7 +51,7 @@ def _proposal(row: Row, now: str, approvals: tuple[Approval, ...] = ()) -> Propo
         proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
         preview=json.loads(row["preview_json"]) if row["preview_json"] else None,
         status=_effective_status(row, now),  # type: ignore[arg-type]
-        created_at=row["created_at"], expires_at=row["expires_at"],
+        created_at=row["created_at"], expires_at=clock.stored(row["expires_at"]),
         decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
         started_at=row["started_at"], finished_at=row["finished_at"],
         result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
@@ -257,7 +257,10 @@ class SqlProposalRepository:
         now = clock.timestamp()
         rows = await self._db.fetch_all(
             *_listing(self._db.dialect, status, subject, after_id, before_id, oldest_first, limit, now))
-        return await self._with_approvals([_proposal(row, now) for row in rows])
+        found = [_proposal(row, now) for row in rows]
+        if status is not None:  # a row whose expiry was written around the store as bytes passes `expires_at > ?`
+            found = [proposal for proposal in found if proposal.status == status]
+        return await self._with_approvals(found)
 
     async def _update(self, sql: str, params: tuple[object, ...], audit: AuditEntry | None, *,
                       durable: bool = True) -> bool:

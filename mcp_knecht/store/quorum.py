@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mcp_knecht.core.audit import AuditEntry
-from mcp_knecht.core.clock import timestamp
+from mcp_knecht.core.clock import stored, timestamp
 from mcp_knecht.core.database import Database, Row, Transaction, by_keys
 from mcp_knecht.core.proposals import Approval, Proposal, ProposalState, QuorumResult
 from mcp_knecht.store.audit_log import AuditChain
@@ -76,8 +76,9 @@ CLAIM_READ = (
 def proposal_state(row: Row, now: str) -> ProposalState:
     """The state of a row with `id, status, expires_at, decided_by, decided_at`; pending past its expiry
     reads as expired."""
-    status = "expired" if row["status"] == "pending" and row["expires_at"] <= now else row["status"]
-    return ProposalState(row["id"], status, row["expires_at"], row["decided_by"], row["decided_at"])  # type: ignore[arg-type]
+    expires_at = stored(row["expires_at"])
+    status = "expired" if row["status"] == "pending" and expires_at <= now else row["status"]
+    return ProposalState(row["id"], status, expires_at, row["decided_by"], row["decided_at"])  # type: ignore[arg-type]
 
 
 async def read_state(db: Database, proposal_id: int) -> ProposalState | None:
@@ -101,7 +102,7 @@ async def add_approval(
             rows = await tx.fetch_all(CLAIM_READ, (proposal_id,))
             if not rows:
                 raise _NotPending()
-            if rows[0]["status"] != "pending" or rows[0]["expires_at"] <= new.approved_at:
+            if rows[0]["status"] != "pending" or stored(rows[0]["expires_at"]) <= new.approved_at:
                 raise _NotPending(proposal_state({**rows[0], "id": proposal_id}, new.approved_at))
             earlier = [approval(row) for row in rows if row["person"] is not None]
             if any(a.person == new.person for a in earlier):
