@@ -117,7 +117,7 @@ def _expired_listing(dialect: str, narrowing: list[str], values: list[object], o
     """`expired` is two kinds of row: those written `expired` (a walk of the status index in id order, as any
     status) and the pending ones whose time has run out (a range of `proposals_overdue`: the expiry sweep
     writes them `expired` within 30 s while a server runs, so they are few). One `status IN (…)` over both
-    walked every pending row and sorted (92 ms over 1,000,000 proposals, a tenth pending). The overdue ones
+    walked every pending row and sorted (88 to 92 ms over 1,000,000 proposals, a tenth pending). The overdue ones
     are MATERIALIZED so that neither planner walks the pending rows in id order to serve the LIMIT."""
     also = "".join(f" AND {condition}" for condition in narrowing)
     return (f"WITH overdue AS MATERIALIZED (SELECT * FROM {overdue_source(dialect)} WHERE {OVERDUE}{also}),"
