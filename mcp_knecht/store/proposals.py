@@ -157,11 +157,13 @@ class SqlProposalRepository:
         async with self._db.transaction(durable=True) as tx:
             subject, arguments_hash = proposal.proposer.subject, proposal.arguments_hash
             await tx.lock(f"proposal-call:{subject}:{arguments_hash}")
-            existing = await tx.fetch_one(
-                "SELECT id FROM proposals WHERE proposer_subject = ? AND arguments_hash = ? AND tool = ?"
-                " AND status = 'pending' AND expires_at > ? ORDER BY id LIMIT 1",
+            waiting = await tx.fetch_all(
+                "SELECT id, expires_at FROM proposals WHERE proposer_subject = ? AND arguments_hash = ? AND tool = ?"
+                " AND status = 'pending' AND expires_at > ? ORDER BY id",
                 (subject, arguments_hash, proposal.tool, proposal.created_at),
             )
+            # An expiry written around the store as bytes passes `expires_at > ?` but reads as expired: not one to join.
+            existing = next((r for r in waiting if clock.stored(r["expires_at"]) > proposal.created_at), None)
             if existing is not None:
                 proposal_id = int(existing["id"])
                 await self._chain.append(tx, [replace(staged, proposal_id=proposal_id,
