@@ -53,7 +53,7 @@ from mcp_knecht.core.proposals import (
     same_person,
 )
 from mcp_knecht.core.tools import APPROVAL
-from mcp_knecht.core.validation import validate_arguments
+from mcp_knecht.core.validation import label, validate_arguments
 from mcp_knecht.errors import (
     AlreadyApprovedError,
     DecisionError,
@@ -246,8 +246,15 @@ class ApprovalService:
                 f"Proposal #{proposal_id} is {proposal.shown_status}; only an execution whose outcome is unknown "
                 "can be settled."
             )
-        started = clock.parse(proposal.started_at or proposal.created_at)
-        if not force and clock.now() - started < SETTLE_AFTER:
+        start = proposal.started_at or proposal.created_at
+        started = clock.readable(start)
+        if not force and started is None:  # written around the store: how long it has run cannot be told
+            raise DecisionError(
+                f"Proposal #{proposal_id} has a start time that is no timestamp ({label(repr(start))}): "
+                "its row was changed outside mcp-knecht, and how long its approver has run cannot be told. Check "
+                "the effect, then settle it with --force."
+            )
+        if not force and started is not None and clock.now() - started < SETTLE_AFTER:
             raise DecisionError(
                 f"Proposal #{proposal_id} started executing at {proposal.started_at}; its approver may still be "
                 "running. Check the effect, then settle it with --force (or wait)."

@@ -54,6 +54,20 @@ def parse(text: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def seconds_until(text: str) -> float:
-    """Seconds from now until the stored timestamp `text` (negative once it has passed)."""
-    return (parse(text) - now()).total_seconds()
+def readable(value: object) -> datetime | None:
+    """A stored moment as an aware datetime, or None when it is none: not text (bytes), or text that is no
+    ISO 8601 moment ('garbage'). Only a row written around the store holds one; where a moment is only
+    shown or waited on, reading it this way keeps that row from failing the read of every other."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        return None
+
+
+def seconds_until(value: object) -> float | None:
+    """Seconds from now until the stored moment `value` (negative once it has passed); None when `value` is
+    no moment (`readable`)."""
+    moment = readable(value)
+    return None if moment is None else (moment - now()).total_seconds()

@@ -236,10 +236,12 @@ _RUN_FROM = " FROM runs r JOIN projects p ON p.id = r.project_id JOIN workflows 
 
 
 def duration_seconds(started_at: str | None, finished_at: str | None) -> int | None:
-    """Whole seconds between two stored timestamps (computed here: date math is not portable SQL)."""
-    if not started_at or not finished_at:
+    """Whole seconds between two stored timestamps (computed here: date math is not portable SQL); None
+    when either is missing or no moment (the CI system, or someone, wrote something else)."""
+    started, finished = clock.readable(started_at), clock.readable(finished_at)
+    if started is None or finished is None:
         return None
-    return int((clock.parse(finished_at) - clock.parse(started_at)).total_seconds())
+    return int((finished - started).total_seconds())
 
 
 def _with_duration(row: Row) -> dict[str, Any]:

@@ -227,7 +227,8 @@ async def due(db: Database) -> Due:
         " (SELECT MIN(lease_until) FROM notify_deliveries WHERE status = 'delivering') AS lease")
     if row is None:
         return Due(False, None)
-    waiting = [at for at in (row["retry"], row["lease"]) if at is not None]
+    # `stored`: a moment written around the store as bytes would fail the comparison at every round.
+    waiting = [clock.stored(at) for at in (row["retry"], row["lease"]) if at is not None]
     next_at = min(waiting) if waiting else None
     return Due(bool(row["unrouted"]) or (next_at is not None and next_at <= timestamp()), next_at)
 

@@ -174,9 +174,10 @@ class NotifyWorker:
                 self._in_flight += 1
                 tasks.start_soon(self._deliver_and_wake, claimed)
             due = await outbox.due(self._db)
-        if due.next_at is None:
+        wait = clock.seconds_until(due.next_at)  # None also for a moment written around the store as no moment
+        if wait is None:
             return self._interval
-        return min(self._interval, max(MIN_PAUSE, clock.seconds_until(due.next_at)))
+        return min(self._interval, max(MIN_PAUSE, wait))
 
     async def _deliver_and_wake(self, claimed: outbox.Claimed) -> None:
         try:

@@ -23,6 +23,7 @@ a caller cannot grow the series by inventing tool names.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
@@ -44,6 +45,7 @@ from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.database import Database
 from mcp_knecht.core.proposals import STATUSES
+from mcp_knecht.core.validation import label
 from mcp_knecht.errors import KnechtError
 from mcp_knecht.store.health import store_error_counts
 from mcp_knecht.store.proposals import OVERDUE, overdue_source
@@ -82,6 +84,22 @@ class _ScrapeTime(Collector):
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        self._unreadable_told: object = None
+
+    def _oldest_age(self, oldest: object) -> float:
+        """Seconds since `oldest` (the oldest pending one's `created_at`) was staged. A value that is no moment
+        was written around the store: it must not fail the scrape, so its age reads as unknown (NaN), and the
+        log says so once per value."""
+        if oldest is None:
+            return 0.0
+        since = clock.seconds_until(oldest)
+        if since is None:
+            if oldest != self._unreadable_told:
+                self._unreadable_told = oldest
+                logger.warning("The oldest pending proposal's created_at is no timestamp (%s): its row was written "
+                               "around the store; its age reads as NaN", label(repr(oldest), 80))
+            return math.nan
+        return max(0.0, -since)
 
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
@@ -89,10 +107,11 @@ class _ScrapeTime(Collector):
         if snapshot.ok:
             yield GaugeMetricFamily("knecht_proposals_pending", "Proposals waiting for a decision (not expired).",
                                     value=snapshot.by_status.get("pending", 0))
-            age = GaugeMetricFamily("knecht_proposal_oldest_pending_age_seconds",
-                                    "Age of the oldest proposal still waiting for a decision (0 when none).")
-            oldest = snapshot.oldest_pending
-            age.add_metric([], max(0.0, -clock.seconds_until(oldest)) if oldest else 0.0)
+            age = GaugeMetricFamily(
+                "knecht_proposal_oldest_pending_age_seconds",
+                "Age of the oldest proposal still waiting for a decision (0 when none; NaN when its staging time"
+                " cannot be read: its row was written around the store).")
+            age.add_metric([], self._oldest_age(snapshot.oldest_pending))
             yield age
             by_status = GaugeMetricFamily("knecht_proposals", "Proposals in the store by status.",
                                           labels=["status"])
