@@ -23,15 +23,15 @@ def when(text: str | None) -> str:
     """A stored timestamp for people: `2026-12-01 09:43 UTC`; a value that is none, as it is."""
     if not text:
         return "—"
-    if (moment := clock.readable(text)) is None:
+    if (at := clock.readable(text)) is None:
         return str(text)
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def ago(text: str | None, now: datetime | None = None) -> str:
-    if not text or (moment := clock.readable(text)) is None:
+    if not text or (at := clock.readable(text)) is None:
         return ""
-    seconds = ((now or clock.now()) - moment).total_seconds()
+    seconds = ((now or clock.now()) - at).total_seconds()
     future = seconds < 0
     seconds = abs(seconds)
     for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
@@ -46,9 +46,9 @@ def moment(text: str | None, now: datetime | None = None) -> str:
     """"5 minutes ago" for the last week, else the date and time."""
     if not text:
         return "—"
-    if (moment := clock.readable(text)) is None:
+    if (at := clock.readable(text)) is None:
         return str(text)
-    seconds = ((now or clock.now()) - moment).total_seconds()
+    seconds = ((now or clock.now()) - at).total_seconds()
     return ago(text, now) if 0 <= seconds < 7 * 86400 else when(text)
 
 
