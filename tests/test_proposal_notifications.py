@@ -272,14 +272,18 @@ async def test_between_two_looks_at_everything_the_running_watcher_reads_only_wh
         with anyio.fail_after(5):
             while not reads.asked:  # the first look: at every open one
                 await anyio.sleep(0.02)
-        assert reads.asked == [waiting]
+        assert reads.asked[0] == waiting
         await app.approvals.reject(waiting[7], Operator("bob"), "no")
         with anyio.fail_after(5):
             while not heard:
                 await anyio.sleep(0.02)
         tasks.cancel_scope.cancel()
     assert heard == [(waiting[7], "rejected")]
-    assert [ids for ids in reads.asked[1:] if ids] == [[waiting[7]]]
+    # On PostgreSQL the store's notice of the last stagings can reach the watcher after its first look (CI saw
+    # it once): a read of those alone, as they moved. What must never come again is a read of them all.
+    later = [ids for ids in reads.asked[1:] if ids]
+    assert [waiting[7]] in later
+    assert all(len(ids) < len(waiting) // 2 for ids in later), later
 
 
 async def test_the_running_watcher_finds_a_proposal_whose_time_runs_out_without_a_look_at_everything(
