@@ -74,7 +74,9 @@ def _create_private(path: Path) -> None:
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """SQLite's "busy" or "locked", whichever extended code (`SQLITE_BUSY_RECOVERY`, …) it came with."""
-    return (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    # Not every OperationalError comes from SQLite: one the module raises itself (text that is no UTF-8, written
+    # around the store) has no code, and must become a StoreError like the rest, not an AttributeError.
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
