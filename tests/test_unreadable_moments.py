@@ -124,11 +124,3 @@ async def test_the_notification_worker_goes_on_when_a_delivery_is_due_at_no_mome
                 assert await worker._round(tasks) == worker._interval
     assert not [r for r in caplog.records if "round failed" in r.getMessage()]
 
-
-async def test_text_that_is_no_utf8_fails_the_read_by_key_as_a_store_error(app: App) -> None:
-    """SQLite (the `app` fixture's demo store) keeps whatever bytes a TEXT column was given."""
-    from mcp_knecht.errors import StoreError
-
-    with pytest.raises(StoreError, match="Could not decode to UTF-8"):
-        await app.db.lookup("SELECT CAST(x'ff41' AS TEXT) AS t")
-    assert await app.db.lookup("SELECT 'ok' AS t") == [{"t": "ok"}]

@@ -89,7 +89,10 @@ class Database(Protocol):
         costs least: SQLite answers it on the caller's thread, in microseconds, where a hop to its
         reader thread and back costs about 80 µs of CPU."""
         ...
-    def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]: ...
+    def stream(self, sql: str, params: Params = (), batch: int = 500) -> AsyncIterator[Row]:
+        """Rows one batch at a time, in bounded memory. `sql` orders its rows fully (by a unique key):
+        a backend may read them again and go on after the ones given."""
+        ...
     def transaction(self, *, durable: bool = False) -> AbstractAsyncContextManager[Transaction]:
         """A write transaction that takes the write lock at once (no upgrade deadlocks).
 
