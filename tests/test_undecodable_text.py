@@ -1,8 +1,9 @@
 """Text that is no UTF-8, written around the store into a TEXT column (SQLite keeps whatever bytes it is
 given: `CAST(x'ff41' AS TEXT)` from the sqlite3 shell), fails no read but its own: it reads with
 replacement characters (U+FFFD), so the listings that hold its row go on for everyone, and the row
-itself fails its seal check as any rewritten row does: refused, audited, never run. PostgreSQL refuses
-such text when it is written. (The `app` fixture's demo store is SQLite.)"""
+itself fails its seal check as any rewritten row does: refused, audited, never run. A write that meets
+it is undone once, and reads it from then on. PostgreSQL refuses such text when it is written. (The
+`app` fixture's demo store is SQLite.)"""
 
 from __future__ import annotations
 
@@ -102,3 +103,31 @@ async def test_audit_verify_names_an_audit_row_rewritten_with_text_that_is_no_ut
     assert verified.returncode == 1, verified.stderr
     report = json.loads(verified.stdout)
     assert [p["id"] for p in report["problems"]] == [5] and report["rows"] == 12
+
+
+async def test_a_write_that_meets_text_that_is_no_utf8_is_undone_once_and_then_reads_it(
+    kn: Knecht, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write's RETURNING meets such text after it has written, so that transaction is undone (nothing
+    half-done) and the writer reads such text from then on. The expiry sweep reads no row before it writes."""
+    from mcp_knecht.errors import StoreError
+
+    first = await _staged_rerun(kn)
+    async with kn.connect() as client:
+        second = (await call(client, "project_variable", action="set", project="payments-api", name="FEATURE_X",
+                             value="on")).structured_content["id"]
+    async with kn.app.db.transaction() as tx:  # both overdue, one with a reason that is no UTF-8
+        await tx.execute("UPDATE proposals SET expires_at = '2000-01-01T00:00:00.000000Z'")
+    await _rewrite(kn, first, "reason")
+
+    sweeps: list[object] = []
+    for _ in range(2):
+        try:
+            sweeps.append(len(await kn.app.approvals.expire_due()))
+        except StoreError as exc:
+            assert "try again" in exc.message
+            sweeps.append("undone")
+    assert sweeps == ["undone", 2]
+    rows = await kn.app.db.fetch_all("SELECT id, status FROM proposals ORDER BY id")
+    assert rows == [{"id": first, "status": "expired"}, {"id": second, "status": "expired"}]
+    assert len([r for r in caplog.records if "holds text that is no UTF-8" in r.getMessage()]) == 1

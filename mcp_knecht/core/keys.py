@@ -73,7 +73,8 @@ class ServerKeys(msgspec.Struct, frozen=True, dict=True):  # a __dict__ for the 
         return outer.hexdigest()
 
     def verify(self, purpose: Purpose, message: str, mac: str | None) -> bool:
-        return mac is not None and hmac.compare_digest(self.mac(purpose, message), mac)
+        # A seal written around the store may be anything: `compare_digest` raises for text beyond ASCII.
+        return isinstance(mac, str) and mac.isascii() and hmac.compare_digest(self.mac(purpose, message), mac)
 
 
 def load_server_keys(settings: Settings) -> ServerKeys:

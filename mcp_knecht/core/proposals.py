@@ -18,6 +18,7 @@ import msgspec
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.canonical import canonical_json
+from mcp_knecht.core.stored_json import json_object
 
 Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rejected", "expired"]
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
@@ -146,8 +147,7 @@ class Proposal(msgspec.Struct, frozen=True):
 
     @property
     def shown_arguments(self) -> dict[str, Any]:
-        shown: dict[str, Any] = json.loads(self.arguments_shown) if self.arguments_shown else self.arguments
-        return shown
+        return json_object(self.arguments_shown or self.arguments_json) or {}
 
     @property
     def proposer(self) -> Actor:

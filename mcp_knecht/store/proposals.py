@@ -25,8 +25,10 @@ from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.database import Database, Row, Transaction, by_keys, exact_matches
 from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, ProposalState, QuorumResult, Turn
+from mcp_knecht.core.stored_json import json_object
 from mcp_knecht.store.audit_log import AuditChain
 from mcp_knecht.store.quorum import add_approval, approval, approvals_of, read_state
+from mcp_knecht.store.written_around import as_text, quorum_size
 
 _SELECT = "SELECT * FROM proposals"
 _SELECT_WITH_APPROVALS = (
@@ -44,19 +46,20 @@ def _effective_status(row: Row, now: str) -> str:
 
 
 def _proposal(row: Row, now: str, approvals: tuple[Approval, ...] = ()) -> Proposal:
+    row = as_text(row)
     return Proposal(
         id=row["id"], tool=row["tool"], action=row["action"],
         arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
         proposer_subject=row["proposer_subject"], proposer_client=row["proposer_client"],
         proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
-        preview=json.loads(row["preview_json"]) if row["preview_json"] else None,
+        preview=json_object(row["preview_json"]),
         status=_effective_status(row, now),  # type: ignore[arg-type]
         created_at=row["created_at"], expires_at=clock.stored(row["expires_at"]),
         decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
         started_at=row["started_at"], finished_at=row["finished_at"],
-        result=json.loads(row["result_json"]) if row["result_json"] else None, error=row["error"],
+        result=json_object(row["result_json"]), error=row["error"],
         arguments_shown=row.get("arguments_shown"), seal=row.get("seal"),
-        approvers=int(row.get("approvers") or 1), policy_reason=row.get("policy_reason"), approvals=approvals,
+        approvers=quorum_size(row.get("approvers")), policy_reason=row.get("policy_reason"), approvals=approvals,
     )
 
 

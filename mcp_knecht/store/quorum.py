@@ -37,6 +37,7 @@ from mcp_knecht.core.clock import stored, timestamp
 from mcp_knecht.core.database import Database, Row, Transaction, by_keys
 from mcp_knecht.core.proposals import Approval, Proposal, ProposalState, QuorumResult
 from mcp_knecht.store.audit_log import AuditChain
+from mcp_knecht.store.written_around import as_text
 
 
 class _NotPending(Exception):
@@ -56,6 +57,7 @@ class _ClaimedBefore(Exception):
 
 
 def approval(row: Row, prefix: str = "") -> Approval:
+    row = as_text(row)
     return Approval(operator=row[f"{prefix}operator"], person=row[f"{prefix}person"],
                     approved_at=row[f"{prefix}approved_at"], seal=row[f"{prefix}seal"])
 

@@ -125,11 +125,13 @@ class _Reader:
     A read that meets text that is no UTF-8 (written around the store) is made again on a private
     connection that decodes it with replacement characters (U+FFFD), so one such row fails no read but
     its own seal check. Only that read pays: decoding every text value so would cost about 0.3 µs a
-    value on every read (measured: a page of 50 rows of 20 text columns, 300 → 610 µs)."""
+    value on every read (measured: a page of 50 rows of 20 text columns, 300 → 610 µs). The connections
+    on the event loop's thread decode so from then on (`SQLiteDatabase._decode_leniently`)."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: str) -> None:
+    def __init__(self, conn: aiosqlite.Connection, path: str, met_undecodable: Callable[[str], None]) -> None:
         self._conn = conn
         self._path = path
+        self._met_undecodable = met_undecodable
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
         try:
@@ -141,6 +143,7 @@ class _Reader:
             raise store_error("sqlite", f"Database statement failed: {exc}") from exc
 
     async def fetch_leniently(self, sql: str, params: Params = ()) -> list[Row]:
+        self._met_undecodable(sql)
         try:
             return await anyio.to_thread.run_sync(self._read_leniently, sql, params)
         except sqlite3.Error as exc:
@@ -207,13 +210,19 @@ milliseconds, which the event loop would otherwise wait through)."""
 class _WriterTransaction:
     """The write transaction's statements, run inline on the writer connection."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, met_undecodable: Callable[[str], None]) -> None:
         self._conn = conn
+        self._met_undecodable = met_undecodable
 
     async def fetch_all(self, sql: str, params: Params = ()) -> list[Row]:
         try:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
+            if _undecodable(exc):  # a write's RETURNING has written already: it cannot be read again here
+                self._met_undecodable(sql)
+                raise store_error("sqlite", f"Database statement failed: {exc} (text that is no UTF-8, written "
+                                            "around the store; it reads with replacement characters from now "
+                                            "on: try again)") from exc
             raise store_error("sqlite", f"Database statement failed: {exc}") from exc
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Row | None:
@@ -348,7 +357,7 @@ class SQLiteDatabase:
                  database_fd: int | None = None) -> None:
         self.url = url
         self._blocking = blocking
-        self._reader = _Reader(reader, sqlite_path(url).as_posix())
+        self._reader = _Reader(reader, sqlite_path(url).as_posix(), self._decode_leniently)
         self._reader_conn = reader
         self._lookups = _Lookups(lookups, self._reader)
         self._lookups_conn = lookups
@@ -364,6 +373,18 @@ class SQLiteDatabase:
         self._turns = shared_turns(self._path)
         self._database_fd = database_fd  # from `share_database_file`: released in `close`, never closed here
         self._closed = False
+
+    def _decode_leniently(self, sql: str) -> None:
+        """Text that is no UTF-8 was met: from now on the connections used on the event loop's thread (the
+        writer's, and the lookups') decode every text value, with replacement characters. That costs about
+        0.3 µs a text value, so it starts only once such text is known to be in the store; the reader's
+        thread reads each read that meets it again instead (`_Reader`)."""
+        if self._writer.text_factory is _lenient_text:
+            return
+        logger.warning("%s holds text that is no UTF-8 (written around the store; met by %s); it reads with "
+                       "replacement characters from now on", self.url, " ".join(sql.split())[:120])
+        self._writer.text_factory = _lenient_text
+        self._lookups_conn.text_factory = _lenient_text
 
     @classmethod
     async def open(cls, url: str, *, blocking: bool = False) -> SQLiteDatabase:
@@ -474,7 +495,7 @@ class SQLiteDatabase:
                     self._writer.execute("PRAGMA synchronous = FULL")
                 try:
                     async with self._in_transaction(at_full, before_commit=wal):
-                        yield _WriterTransaction(self._writer)
+                        yield _WriterTransaction(self._writer, self._decode_leniently)
                 finally:
                     if at_full:
                         self._writer.execute("PRAGMA synchronous = NORMAL")

@@ -1,0 +1,148 @@
+"""A proposal's row written around the store with a value of a kind mcp-knecht never writes — bytes, a
+seal beyond ASCII, text that is no JSON where JSON belongs, a quorum size that is no number — fails no
+read but its own: the agent's listing and reads, the operators' listing, the watcher and the pages go on
+for everyone. A sealed value so changed is refused as any rewritten row is (audited, never run); an
+unsealed one is shown as it was stored. On both stores, where the store takes the value at all."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from mcp_knecht import testing
+from mcp_knecht.app import App, open_app
+from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.proposal_watch import ProposalWatcher
+from mcp_knecht.core.settings import load_settings
+from mcp_knecht.errors import TamperedError
+from tests.staging import AGENT, acli
+
+pytestmark = pytest.mark.anyio
+
+TWO_PEOPLE = '[[rules]]\ntool = "record_effect"\nwhen = { label = "two-*" }\ndecision = "approve"\napprovers = 2\n'
+
+# (column, SQL literal, the stores that take it). SQLite keeps a BLOB as bytes in any column and text in an
+# INTEGER column; PostgreSQL's typed columns refuse both.
+SEALED = {
+    "seal beyond ASCII": ("seal", "'é'", ("sqlite", "postgresql")),
+    "arguments shown that are no JSON": ("arguments_shown", "'garbage'", ("sqlite", "postgresql")),
+    "arguments that are no JSON": ("arguments_json", "'garbage'", ("sqlite", "postgresql")),
+    "seal as bytes": ("seal", "x'00ff'", ("sqlite",)),
+    "tool as bytes": ("tool", "x'00ff'", ("sqlite",)),
+    "scopes as bytes": ("proposer_scopes", "x'00ff'", ("sqlite",)),
+    "staging time as bytes": ("created_at", "x'00ff'", ("sqlite",)),
+}
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+@pytest.fixture
+async def staged(staged_env: dict[str, str]) -> AsyncIterator[App]:
+    from tests.toolsets import EFFECTS_TABLE
+
+    Path(staged_env["KNECHT_CONFIG_DIR"], "policies.toml").write_text(TWO_PEOPLE, encoding="utf-8")
+    async with open_app(load_settings(env=staged_env)) as running:
+        async with running.db.transaction() as tx:
+            await tx.execute(EFFECTS_TABLE)
+        yield running
+
+
+async def _stage(app: App, label: str) -> int:
+    staged = await app.gate.call_tool(Actor("alice", "pytest", frozenset(AGENT)), "record_effect", {"label": label})
+    return int(staged.data["id"])  # type: ignore[index]
+
+
+async def _rewrite(app: App, table: str, column: str, literal: str, where: str, key: int) -> None:
+    async with app.db.transaction() as tx:
+        await tx.execute(f"UPDATE {table} SET {column} = {literal} WHERE {where} = ?", (key,))
+
+
+async def _effects(app: App) -> list[str]:
+    return [row["label"] for row in await app.db.fetch_all("SELECT label FROM test_effects ORDER BY label")]
+
+
+async def _every_reader_goes_on(app: App, env: dict[str, str], *ids: int) -> None:
+    async with testing.connect(app, testing.actor("alice", AGENT)) as client:
+        listed = await client.call_tool("list_proposals", {})
+        assert not listed.is_error, listed.content
+        assert set(ids) <= {p["id"] for p in listed.structured_content["proposals"]}  # type: ignore[index]
+        for proposal_id in ids:
+            read = await client.call_tool("get_proposal", {"id": proposal_id})
+            assert not read.is_error, read.content
+    assert set(ids) <= {p.id for p in await app.proposals.list(limit=100)}
+    await ProposalWatcher(app.proposals, app.changes).poll()  # its first look reads every open proposal
+    listing = await acli("knecht-approve", env, "list")
+    assert listing.returncode == 0, listing.stderr
+
+
+async def _tampered(app: App, proposal_id: int) -> int:
+    rows = await app.db.fetch_all("SELECT id FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'",
+                                  (proposal_id,))
+    return len(rows)
+
+
+@pytest.mark.parametrize(("database_url", "case"), [(store, case) for case, (_, _, stores) in SEALED.items()
+                                                    for store in stores], indirect=["database_url"])
+async def test_a_sealed_value_of_another_kind_is_refused_as_tampered_and_breaks_no_read(
+    staged: App, staged_env: dict[str, str], case: str
+) -> None:
+    column, literal, _ = SEALED[case]
+    rewritten, beside = await _stage(staged, "rewritten"), await _stage(staged, "beside")
+    await _rewrite(staged, "proposals", column, literal, "id", rewritten)
+
+    await _every_reader_goes_on(staged, staged_env, rewritten, beside)
+    with pytest.raises(TamperedError, match="fails its seal"):
+        await testing.approve(staged, rewritten)
+    assert await _tampered(staged, rewritten) == 1
+    assert (await testing.approve(staged, beside)).status == "succeeded"
+    assert await _effects(staged) == ["beside"]  # the rewritten one never ran
+
+
+@SQLITE_ONLY  # PostgreSQL's text columns hold no bytes
+@pytest.mark.parametrize("column", ["seal", "approved_at", "operator"])
+async def test_an_approval_rewritten_as_bytes_is_refused_as_tampered(
+    staged: App, staged_env: dict[str, str], column: str
+) -> None:
+    proposal_id = await _stage(staged, "two-keys")
+    assert len((await testing.approve(staged, proposal_id, "bob")).approvals) == 1
+    await _rewrite(staged, "proposal_approvals", column, "x'00ff'", "proposal_id", proposal_id)
+    await _every_reader_goes_on(staged, staged_env, proposal_id)
+    with pytest.raises(TamperedError):
+        await testing.approve(staged, proposal_id, "carol")
+    assert await _effects(staged) == []
+
+
+@SQLITE_ONLY  # PostgreSQL's integer column holds numbers only
+@pytest.mark.parametrize("size", ["'garbage'", "x'00ff'"])
+async def test_a_quorum_size_that_is_no_number_reads_as_one_and_the_seal_decides(
+    staged: App, staged_env: dict[str, str], size: str
+) -> None:
+    one, two = await _stage(staged, "one-key"), await _stage(staged, "two-keys")
+    for proposal_id in (one, two):
+        await _rewrite(staged, "proposals", "approvers", size, "id", proposal_id)
+    await _every_reader_goes_on(staged, staged_env, one, two)
+    assert (await testing.approve(staged, one)).status == "succeeded"  # it needed one, and still does
+    with pytest.raises(TamperedError):  # it needed two: one approval does not run it
+        await testing.approve(staged, two)
+    assert await _effects(staged) == ["one-key"]
+
+
+async def test_a_preview_or_result_that_is_no_json_is_shown_as_it_was_stored(
+    staged: App, staged_env: dict[str, str]
+) -> None:
+    waiting, done = await _stage(staged, "waiting"), await _stage(staged, "done")
+    assert (await testing.approve(staged, done)).status == "succeeded"
+    await _rewrite(staged, "proposals", "preview_json", "'garbage'", "id", waiting)
+    await _rewrite(staged, "proposals", "result_json", "'[1, 2]'", "id", done)
+
+    await _every_reader_goes_on(staged, staged_env, waiting, done)
+    waiting_read = await staged.proposals.get(waiting)
+    assert waiting_read is not None and waiting_read.document()["preview"] == {"unreadable": "garbage"}
+    shown = await acli("knecht-approve", staged_env, "show", str(waiting))
+    assert shown.returncode == 0 and "garbage" in shown.stdout, shown.stderr
+    async with testing.connect(staged, testing.actor("alice", AGENT)) as client:
+        read = await client.call_tool("get_proposal", {"id": done})
+    assert read.structured_content is not None and read.structured_content["result"] == {"unreadable": "[1, 2]"}
+    assert (await testing.approve(staged, waiting)).status == "succeeded"  # the preview is not what runs
