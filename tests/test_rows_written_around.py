@@ -2,10 +2,12 @@
 seal beyond ASCII, text that is no JSON where JSON belongs, a quorum size that is no number — fails no
 read but its own: the agent's listing and reads, the operators' listing, the watcher and the pages go on
 for everyone. A sealed value so changed is refused as any rewritten row is (audited, never run); an
-unsealed one is shown as it was stored. On both stores, where the store takes the value at all."""
+unsealed one is shown as it was stored. An audit row so written is named by `audit verify`, which goes on,
+and listed by `audit list`. On both stores, where the store takes the value at all."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import TamperedError
+from mcp_knecht.store.audit_log import verify_chain
 from tests.staging import AGENT, acli
 
 pytestmark = pytest.mark.anyio
@@ -146,3 +149,30 @@ async def test_a_preview_or_result_that_is_no_json_is_shown_as_it_was_stored(
         read = await client.call_tool("get_proposal", {"id": done})
     assert read.structured_content is not None and read.structured_content["result"] == {"unreadable": "[1, 2]"}
     assert (await testing.approve(staged, waiting)).status == "succeeded"  # the preview is not what runs
+
+
+# --- the audit log ---------------------------------------------------------------------------------
+
+AUDIT_CASES = [("sqlite", "subject", "x'00ff'"), ("sqlite", "prev_hash", "x'00ff'"),
+               ("sqlite", "detail", "'garbage'"), ("postgresql", "detail", "'garbage'")]
+
+
+@pytest.mark.parametrize(("database_url", "column", "literal"), AUDIT_CASES, indirect=["database_url"])
+async def test_an_audit_row_written_with_a_value_of_another_kind_is_named_by_verify_and_still_listed(
+    staged: App, staged_env: dict[str, str], column: str, literal: str
+) -> None:
+    await _stage(staged, "first")
+    await _stage(staged, "second")
+    await _rewrite(staged, "audit_log", column, literal, "id", 1)
+
+    assert {problem.id for problem in await verify_chain(staged.db, staged.audit.chain)} == {1}
+    verified = await acli("mcp-knecht", staged_env, "audit", "verify", "--json")
+    assert verified.returncode == 1, verified.stderr
+    assert {problem["id"] for problem in json.loads(verified.stdout)["problems"]} == {1}
+    listed = await acli("mcp-knecht", staged_env, "audit", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert set(rows) == {1, 2}
+    if column == "detail":
+        assert rows[1]["detail"] == {"unreadable": "garbage"}
+    assert (await acli("mcp-knecht", staged_env, "audit", "list")).returncode == 0

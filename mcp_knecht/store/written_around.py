@@ -1,6 +1,6 @@
-"""What a proposal's row reads as when someone wrote into it around the store, with values of a kind our
-code never writes: one such row must fail no read but its own seal check (and that check must refuse
-it, audited, rather than raise).
+"""What a row reads as when someone wrote into it around the store, with values of a kind our code never
+writes: one such proposal must fail no read but its own seal check (and that check must refuse it,
+audited, rather than raise), and one such audit row must not stop `audit list`.
 
 SQLite keeps a BLOB as bytes in any column, and text in an INTEGER column when it is no number; JSON
 columns hold whatever text was written (`core.stored_json` reads those). Read as they came, they raised
