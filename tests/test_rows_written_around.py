@@ -2,8 +2,9 @@
 seal beyond ASCII, text that is no JSON where JSON belongs, a quorum size that is no number — fails no
 read but its own: the agent's listing and reads, the operators' listing, the watcher and the pages go on
 for everyone. A sealed value so changed is refused as any rewritten row is (audited, never run); an
-unsealed one is shown as it was stored. An audit row so written is named by `audit verify`, which goes on,
-and listed by `audit list`. On both stores, where the store takes the value at all."""
+unsealed one is shown as it was stored. An audit row so written is named by `audit verify`, which goes
+on, and listed by `audit list`; a notification so written stops no other. On both stores, where the store
+takes the value at all."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.proposal_watch import ProposalWatcher
 from mcp_knecht.core.settings import load_settings
 from mcp_knecht.errors import TamperedError
+from mcp_knecht.notify import outbox
 from mcp_knecht.store.audit_log import verify_chain
+from tests.receivers import WebhookReceiver
 from tests.staging import AGENT, acli
+from tests.test_notify_delivery import FAST, cli_app, configure, deliveries, stage, worker_for
 
 pytestmark = pytest.mark.anyio
 
@@ -176,3 +180,26 @@ async def test_an_audit_row_written_with_a_value_of_another_kind_is_named_by_ver
     if column == "detail":
         assert rows[1]["detail"] == {"unreadable": "garbage"}
     assert (await acli("mcp-knecht", staged_env, "audit", "list")).returncode == 0
+
+
+# --- notifications ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["before routing", "before delivery"])
+async def test_an_event_whose_facts_are_no_json_stops_no_other_notification(
+    staged_env: dict[str, str], webhook_receiver: WebhookReceiver, when: str
+) -> None:
+    """Before, the oldest events were routed (and claimed) first in every round: one such event failed every
+    round that held it, so no notification went out again."""
+    env = configure(staged_env, FAST, webhook_receiver)
+    async with cli_app(env) as app, worker_for(app, env) as worker:
+        rewritten, beside = await stage(app, "rewritten"), await stage(app, "beside")
+        if when == "before delivery":
+            assert await outbox.route(app.db, worker._router) == 2
+        await _rewrite(app, "notify_outbox", "payload_json", "'garbage'", "proposal_id", rewritten)
+        await worker.run_once()
+        await worker.run_once()
+        statuses = {row["proposal_id"]: row["status"] for row in await deliveries(app)}
+    [told] = await webhook_receiver.wait_for(1)
+    assert told.payload["data"]["id"] == beside and statuses[beside] == "delivered"
+    assert statuses[rewritten] != "delivered"  # its message cannot be made: it fails alone, and gives up

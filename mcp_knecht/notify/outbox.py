@@ -17,7 +17,6 @@ recorded only by the claim holder (`WHERE claimed_by = ? AND status = 'deliverin
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ from mcp_knecht.core import clock
 from mcp_knecht.core.clock import timestamp
 from mcp_knecht.core.database import Database, Row, Transaction, by_keys
 from mcp_knecht.core.proposals import Proposal
+from mcp_knecht.core.stored_json import json_object
 from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot
 
 ROUTE_BATCH = 200
@@ -86,6 +86,12 @@ Router = Callable[[str, dict[str, Any]], Sequence[str]]
 """`router(event, facts) -> destination names`."""
 
 
+def _facts(event: Row) -> dict[str, Any]:
+    """An event's facts as stored. One written around the store that is no JSON object reads as
+    `{"unreadable": …}`: it must not stop routing or claiming the events beside it, for good."""
+    return json_object(event["payload_json"]) or {}
+
+
 async def _route(tx: Transaction, db: Database, router: Router, limit: int) -> int:
     now = timestamp()
     events = await tx.fetch_all(
@@ -94,7 +100,7 @@ async def _route(tx: Transaction, db: Database, router: Router, limit: int) -> i
     if not events:
         return 0
     rows = [(event["id"], destination, now)
-            for event in events for destination in router(event["event"], json.loads(event["payload_json"]))]
+            for event in events for destination in router(event["event"], _facts(event))]
     await tx.execute_many(
         "INSERT INTO notify_deliveries (event_id, destination, status, attempts, next_attempt_at)"
         " VALUES (?, ?, 'pending', 0, ?) ON CONFLICT (event_id, destination) DO NOTHING", rows)
@@ -145,7 +151,7 @@ async def _claim(tx: Transaction, db: Database, worker: str, lease: float, limit
         f"SELECT o.id, o.uid, o.event, o.payload_json, o.created_at FROM {source} WHERE {match}", params)}
     return [Claimed(id=row["id"], destination=row["destination"], attempts=row["attempts"],
                     uid=events[row["event_id"]]["uid"], event=events[row["event_id"]]["event"],
-                    facts=json.loads(events[row["event_id"]]["payload_json"]),
+                    facts=_facts(events[row["event_id"]]),
                     created_at=events[row["event_id"]]["created_at"])
             for row in sorted(rows, key=lambda r: r["id"])]
 
