@@ -144,7 +144,7 @@ async def assemble(
     # The watcher reads what the store names as changed (NOTIFY on PostgreSQL, the outbox on SQLite).
     watcher = ProposalWatcher(proposals, changes)
     features = Features(ai_settings, gate=gate, db=db, audit=audit, proposals=proposals, changes=changes,
-                        secrets=secrets)
+                        secrets=secrets, keys=keys)
     if features.serves_diagnosis:  # the AI layer's tables, where there are runs to diagnose
         await apply_migrations(db, AI_MIGRATIONS)
     return App(settings, db, audit, registry, policy, proposals, gate, watcher, catalogue, prompts, secrets,

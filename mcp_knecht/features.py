@@ -19,6 +19,7 @@ from mcp_knecht.core.audit import AuditSink
 from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.database import Database
 from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.proposals import ProposalRepository
 from mcp_knecht.core.scrub import SecretRegistry
 
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
 
 class Features:
     def __init__(self, settings: AiSettings, *, gate: Gate, db: Database, audit: AuditSink,
-                 proposals: ProposalRepository, changes: ChangeFeed, secrets: SecretRegistry) -> None:
+                 proposals: ProposalRepository, changes: ChangeFeed, secrets: SecretRegistry, keys: ServerKeys) -> None:
         self.settings = settings
+        self._keys = keys
         self._gate = gate
         self._db = db
         self._audit = audit
@@ -61,7 +63,7 @@ class Features:
             from mcp_knecht.chat import ChatService
 
             self._chat = ChatService(db=self._db, gate=self._gate, audit=self._audit, proposals=self._proposals,
-                                     changes=self._changes, models=self.ai.models, scrub=self._secrets,
+                                     changes=self._changes, models=self.ai.models, keys=self._keys, scrub=self._secrets,
                                      timeout=self.settings.timeout)
         return self._chat
 

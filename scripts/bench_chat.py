@@ -70,7 +70,7 @@ PROPOSER = Actor("alice", "bench", READER.scopes | {"runs:write", "proposals:rea
 
 def chat_for(app: App, model: Any) -> ChatService:
     return ChatService(db=app.db, gate=app.gate, audit=app.audit, proposals=app.proposals, changes=app.changes,
-                       models=ModelResolver(SETTINGS, fixed=model), scrub=app.secrets)
+                       models=ModelResolver(SETTINGS, fixed=model), keys=app.keys, scrub=app.secrets)
 
 
 def _cpu_ms(started: float) -> float:

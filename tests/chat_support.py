@@ -91,6 +91,7 @@ def scripted_chat(app: App, assistant: Assistant | FunctionModel, *, retry_after
     """The app's chat with a scripted model in place of a provider (failed follow-ups retried at once)."""
     model = assistant.model if isinstance(assistant, Assistant) else assistant
     return ChatService(db=app.db, gate=app.gate, audit=app.audit, proposals=app.proposals, changes=app.changes,
-                       models=ModelResolver(SETTINGS, fixed=model), scrub=app.secrets, retry_after=retry_after,
+                       models=ModelResolver(SETTINGS, fixed=model), keys=app.keys, scrub=app.secrets,
+                       retry_after=retry_after,
                        worker_options={"interval": 0.05, **worker_options})
 

@@ -291,3 +291,40 @@ async def test_the_follow_up_runs_as_the_person_who_chatted_with_their_token_cla
     assert json.loads((await staged_app.db.fetch_one(
         "SELECT actor_json FROM chat_followups WHERE proposal_id = ?", (reply.proposal_id,)))["actor_json"])["client"] \
         == "pytest"
+
+
+@pytest.mark.parametrize("rewrite", ["scopes", "claims", "conversation", "no seal"])
+async def test_a_follow_up_rewritten_in_the_database_runs_no_turn_and_is_audited(staged_app: App, rewrite: str) -> None:
+    """Who a follow-up's turn runs as is sealed with the server key: someone who can write the database
+    cannot make the assistant act with more scopes or other token claims (a role claim unmasks entity
+    fields), nor carry the follow-up into another conversation."""
+    assistant = recorder()
+    chat = scripted_chat(staged_app, assistant)
+    conversation_id, proposal_id = await staged(chat)
+    other = (await chat.send(ALICE, "hello")).conversation_id
+    row = await staged_app.db.fetch_one("SELECT actor_json FROM chat_followups WHERE proposal_id = ?", (proposal_id,))
+    assert row is not None
+    actor = json.loads(row["actor_json"])
+    if rewrite == "scopes":
+        actor["scopes"].append("variables:write")
+    elif rewrite == "claims":
+        actor["claims"]["knecht_role"] = "admin"
+    change = {"scopes": ("actor_json", json.dumps(actor)), "claims": ("actor_json", json.dumps(actor)),
+              "conversation": ("conversation_id", other), "no seal": ("actor_seal", None)}[rewrite]
+    async with staged_app.db.transaction() as tx:
+        await tx.execute(f"UPDATE chat_followups SET {change[0]} = ? WHERE proposal_id = ?", (change[1], proposal_id))
+    assert (await staged_app.approvals.approve(proposal_id, BOB)).status == "succeeded"
+
+    async def done() -> bool:
+        status = await staged_app.db.fetch_one("SELECT status FROM chat_followups WHERE proposal_id = ?",
+                                               (proposal_id,))
+        return status is not None and status["status"] == "done"
+
+    async with working(chat):
+        await until(done)
+    assert assistant.follow_ups == []  # no turn ran, as anyone
+    assert len(await messages(chat, conversation_id)) == 2 and len(await messages(chat, other)) == 2
+    await staged_app.audit.flush()
+    refused = await staged_app.db.fetch_all(
+        "SELECT source FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
+    assert refused == [{"source": "chat"}]

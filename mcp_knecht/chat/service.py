@@ -30,10 +30,11 @@ from mcp_knecht.chat.store import ChatStore, Conversation, Exchange, Kind, Messa
 from mcp_knecht.chat.texts import follow_up_message, gave_up_reply, staged_reply
 from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
-from mcp_knecht.core.audit import AuditSink
+from mcp_knecht.core.audit import AuditEntry, AuditSink
 from mcp_knecht.core.changes import ChangeFeed
 from mcp_knecht.core.database import Database
 from mcp_knecht.core.gate import Gate
+from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.proposals import ProposalRepository
 
 logger = logging.getLogger(__name__)
@@ -84,11 +85,12 @@ class ChatReply(msgspec.Struct, frozen=True):
 
 class ChatService:
     def __init__(self, *, db: Database, gate: Gate, audit: AuditSink, proposals: ProposalRepository,
-                 changes: ChangeFeed, models: ModelResolver, scrub: Callable[[str], str] = lambda text: text,
+                 changes: ChangeFeed, models: ModelResolver, keys: ServerKeys,
+                 scrub: Callable[[str], str] = lambda text: text,
                  timeout: float = 60.0, retry_after: timedelta = RETRY_AFTER,
                  worker_options: Mapping[str, Any] | None = None) -> None:
         """`retry_after`: the back-off after a failed follow-up turn (times the tries so far)."""
-        self.store = ChatStore(db)
+        self.store = ChatStore(db, keys)
         self.gate = gate
         self.models = models
         self.proposals = proposals
@@ -165,6 +167,8 @@ class ChatService:
         followup = await self.store.followup(proposal_id)
         if followup is None or followup.owner != owner or followup.status != "waiting":
             return False
+        if followup.actor is None:
+            return await self._refuse(proposal_id, owner)
         proposal = await self.proposals.get(proposal_id)
         conversation = await self.store.conversation(followup.conversation_id, followup.actor.subject)
         if proposal is None or conversation is None:
@@ -190,6 +194,17 @@ class ChatService:
             except Exception:
                 logger.exception("Marking proposal #%s seen failed", proposal_id)
         return delivered
+
+    async def _refuse(self, proposal_id: int, owner: str) -> bool:
+        """A follow-up whose seal does not hold: who its turn would run as was written around the store
+        (or before follow-ups were sealed). No turn runs; the refusal is audited, and it is done."""
+        logger.error("Follow-up of proposal #%s fails its seal: its row was changed outside mcp-knecht; it is "
+                     "not followed up (check the database and `mcp-knecht audit verify`)", proposal_id)
+        self._audit.record(AuditEntry(source="chat", subject="mcp-knecht", client="follow-up", tool="chat",
+                                      outcome="tampered", proposal_id=proposal_id,
+                                      detail={"problem": "follow-up seal broken"}))
+        await self.store.abandon(proposal_id, owner, error="its seal does not hold: changed outside mcp-knecht")
+        return False
 
 
 def _not_found(conversation_id: str) -> ConversationNotFound:

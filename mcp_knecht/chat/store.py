@@ -26,9 +26,12 @@ import msgspec
 
 from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
+from mcp_knecht.core.canonical import canonical_json
 from mcp_knecht.core.database import Database, Row, Transaction
+from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.schema import Migrations
 from mcp_knecht.store.migrations import apply_migrations
+from mcp_knecht.store.written_around import as_text
 
 CHAT_MIGRATIONS = Migrations("chat", "mcp_knecht.chat")
 
@@ -88,7 +91,8 @@ class Exchange(msgspec.Struct, frozen=True):
 class FollowUp(msgspec.Struct, frozen=True):
     proposal_id: int
     conversation_id: str
-    actor: Actor
+    actor: Actor | None
+    """None when its seal does not hold: the row was written around the store, and no turn runs as it."""
     status: str
     attempts: int
     owner: str | None
@@ -98,6 +102,14 @@ def _actor_json(actor: Actor) -> str:
     claims = {k: v for k, v in actor.claims.items() if k not in _TOKEN_TIMES}
     return json.dumps({"subject": actor.subject, "client": actor.client, "scopes": sorted(actor.scopes),
                        "claims": claims}, ensure_ascii=False, default=str)
+
+
+FOLLOWUP_SEAL = "chat-followup"
+
+
+def _sealed(proposal_id: object, conversation_id: object, actor_json: object) -> str:
+    """What a follow-up's seal covers: who its turn runs as, for which proposal, in which conversation."""
+    return canonical_json([proposal_id, conversation_id, actor_json])
 
 
 def _actor(text: str) -> Actor:
@@ -115,8 +127,9 @@ def _message(row: Row) -> Message:
 
 
 class ChatStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, keys: ServerKeys) -> None:
         self.db = db
+        self._keys = keys
         self._ready = False
         self._lock = anyio.Lock()
 
@@ -184,10 +197,12 @@ class ChatStore:
         await tx.execute("UPDATE chat_conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
         if exchange.proposal_id is not None and exchange.actor is not None:
             # "Already pending" points at a proposal another turn staged: that turn's follow-up stands.
+            actor_json = _actor_json(exchange.actor)
             await tx.execute(
-                "INSERT INTO chat_followups (proposal_id, conversation_id, actor_json, created_at)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (proposal_id) DO NOTHING",
-                (exchange.proposal_id, conversation_id, _actor_json(exchange.actor), now))
+                "INSERT INTO chat_followups (proposal_id, conversation_id, actor_json, actor_seal, created_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (proposal_id) DO NOTHING",
+                (exchange.proposal_id, conversation_id, actor_json,
+                 self._keys.mac(FOLLOWUP_SEAL, _sealed(exchange.proposal_id, conversation_id, actor_json)), now))
 
     # --- follow-ups --------------------------------------------------------------------------------------
 
@@ -206,8 +221,11 @@ class ChatStore:
         row = await self.db.fetch_one("SELECT * FROM chat_followups WHERE proposal_id = ?", (proposal_id,))
         if row is None:
             return None
-        return FollowUp(int(row["proposal_id"]), row["conversation_id"], _actor(row["actor_json"]), row["status"],
-                        int(row["attempts"]), row["owner"])
+        row = as_text(row)
+        covered = _sealed(row["proposal_id"], row["conversation_id"], row["actor_json"])
+        sealed = self._keys.verify(FOLLOWUP_SEAL, covered, row["actor_seal"])
+        return FollowUp(int(row["proposal_id"]), row["conversation_id"], _actor(row["actor_json"]) if sealed else None,
+                        row["status"], int(row["attempts"]), row["owner"])
 
     async def claim(self, proposal_id: int, owner: str, *, now: str, lease_until: str) -> bool:
         """Make `owner` the one to deliver this follow-up until `lease_until`: True for exactly one of any
