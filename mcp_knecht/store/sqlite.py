@@ -138,7 +138,7 @@ class _Reader:
             return list(await self._conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
         except sqlite3.Error as exc:
             _let_go(exc)
-            if _undecodable(exc):  # made again `query_only`: a write (none reads here) is never made twice
+            if _undecodable(exc):  # again, `query_only`: a statement that writes (none comes here) can't run twice
                 return await self.fetch_leniently(sql, params)
             raise store_error("sqlite", f"Database statement failed: {exc}") from exc
 
