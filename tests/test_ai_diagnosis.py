@@ -203,6 +203,25 @@ async def test_get_run_includes_the_stored_diagnosis(app: App) -> None:
     assert "diagnosis" not in without
 
 
+@pytest.mark.parametrize("stored", ["'garbage'", "'[1, \"two\"]'", "'{}'"])
+async def test_a_diagnosis_whose_cited_actions_were_rewritten_cites_none_and_get_run_answers(
+    app: App, stored: str
+) -> None:
+    from mcp import Client
+
+    from mcp_knecht.core.actor import Actor
+
+    failed = (await app.db.fetch_one("SELECT id FROM runs WHERE status = 'failed' LIMIT 1"))["id"]  # type: ignore[index]
+    await scripted_runtime(app).diagnoses.request(failed, WORKER_ACTOR)
+    async with app.db.transaction() as tx:  # written around the store
+        await tx.execute(f"UPDATE run_diagnoses SET action_ids = {stored} WHERE run_id = ?", (failed,))
+    actor = Actor("alice", "pytest", frozenset({"runs:read"}))
+    async with Client(server_for_app(app, lambda ctx: actor)) as client:
+        read = await client.call_tool("get_run", {"run_id": failed})
+    assert not read.is_error, read.content
+    assert read.structured_content["diagnosis"]["actionIds"] == []  # type: ignore[index]
+
+
 async def test_only_failed_runs_are_diagnosed(app: App) -> None:
     from mcp_knecht.errors import ConflictError, NotFoundError
 

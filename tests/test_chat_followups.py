@@ -328,3 +328,12 @@ async def test_a_follow_up_rewritten_in_the_database_runs_no_turn_and_is_audited
     refused = await staged_app.db.fetch_all(
         "SELECT source FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
     assert refused == [{"source": "chat"}]
+
+
+async def test_a_message_whose_action_was_rewritten_as_no_json_reads_without_it(staged_app: App) -> None:
+    chat = scripted_chat(staged_app, recorder())
+    conversation_id, proposal_id = await staged(chat)
+    async with staged_app.db.transaction() as tx:  # written around the store
+        await tx.execute("UPDATE chat_messages SET action_json = 'garbage' WHERE proposal_id = ?", (proposal_id,))
+    shown = [m.shown() for m in await messages(chat, conversation_id)]
+    assert [m["role"] for m in shown] == ["user", "assistant"] and "action" not in shown[1]

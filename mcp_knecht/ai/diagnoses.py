@@ -26,6 +26,16 @@ MAX_ATTEMPTS = 3
 PENDING_TEXT = "Knecht is looking into why the last run failed."
 
 
+def _action_ids(stored: object) -> list[int]:
+    """The action-log ids a diagnosis cites. Text written around the store that is no list of them cites
+    none: it must not fail every `get_run` of that run."""
+    try:
+        ids = json.loads(stored or "[]")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return []
+    return ids if isinstance(ids, list) and all(type(i) is int for i in ids) else []
+
+
 class StoredDiagnosis(msgspec.Struct, frozen=True):
     """A failure diagnosis as stored for a run."""
     run_id: int
@@ -39,7 +49,7 @@ class StoredDiagnosis(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_row(cls, row: Row) -> StoredDiagnosis:
-        return cls(int(row["run_id"]), row["status"], row["summary"], json.loads(row["action_ids"] or "[]"),
+        return cls(int(row["run_id"]), row["status"], row["summary"], _action_ids(row["action_ids"]),
                    row["model"], row["error"], int(row["attempts"]), row["updated_at"])
 
     def shown(self) -> dict[str, Any]:

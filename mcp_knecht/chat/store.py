@@ -30,6 +30,7 @@ from mcp_knecht.core.canonical import canonical_json
 from mcp_knecht.core.database import Database, Row, Transaction
 from mcp_knecht.core.keys import ServerKeys
 from mcp_knecht.core.schema import Migrations
+from mcp_knecht.core.stored_json import UNREADABLE, json_object
 from mcp_knecht.store.migrations import apply_migrations
 from mcp_knecht.store.written_around import as_text
 
@@ -122,7 +123,9 @@ def _conversation(row: Row) -> Conversation:
 
 
 def _message(row: Row) -> Message:
-    action = json.loads(row["action_json"]) if row["action_json"] else None
+    action = json_object(row["action_json"])
+    if action is not None and set(action) == {UNREADABLE}:  # written around the store: no action to offer
+        action = None
     return Message(row["role"], row["content"], row["kind"], row["created_at"], row["proposal_id"], action)
 
 
