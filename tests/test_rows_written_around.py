@@ -1,10 +1,10 @@
 """A proposal's row written around the store with a value of a kind mcp-knecht never writes — bytes, a
 seal beyond ASCII, text that is no JSON where JSON belongs, a quorum size that is no number — fails no
-read but its own: the agent's listing and reads, the operators' listing, the watcher and the pages go on
-for everyone. A sealed value so changed is refused as any rewritten row is (audited, never run); an
-unsealed one is shown as it was stored. An audit row so written is named by `audit verify`, which goes
-on, and listed by `audit list`; a notification so written stops no other. On both stores, where the store
-takes the value at all."""
+read but its own: the agent's listing and reads, the operators' listing (in process and `knecht-approve
+list`) and the watcher go on for everyone. A sealed value so changed is refused as any rewritten row is
+(audited, never run); an unsealed one is shown as it was stored. An audit row so written is named by
+`audit verify`, which goes on, and listed by `audit list`; a notification so written stops no other. On
+both stores, where the store takes the value at all."""
 
 from __future__ import annotations
 
