@@ -123,4 +123,3 @@ async def test_the_notification_worker_goes_on_when_a_delivery_is_due_at_no_mome
             for _ in range(2):
                 assert await worker._round(tasks) == worker._interval
     assert not [r for r in caplog.records if "round failed" in r.getMessage()]
-

@@ -13,6 +13,12 @@ from typing import Any
 UNREADABLE = "unreadable"
 
 
+def decoded(value: object) -> object:
+    """Bytes (SQLite keeps a BLOB as bytes in any column) read as UTF-8 text, with replacement characters
+    where they are none; any other value as it is."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def json_object(value: object) -> dict[str, Any] | None:
     """`value` parsed, if it is a JSON object; None for no value; otherwise `{"unreadable": value}`."""
     if value is None or value == "":
@@ -23,4 +29,4 @@ def json_object(value: object) -> dict[str, Any] | None:
         parsed = None
     if isinstance(parsed, dict):
         return parsed
-    return {UNREADABLE: value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)}
+    return {UNREADABLE: str(decoded(value))}
