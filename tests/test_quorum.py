@@ -78,7 +78,7 @@ async def _create(repo: SqlProposalRepository, n: int, approvers: int) -> int:
     now = timestamp()
     proposal = NewProposal(tool="t", action=None, arguments_json=f'{{"n":{n}}}', arguments_hash=f"h{n}",
                            arguments_shown=f'{{"n":{n}}}', proposer=Actor("alice", "c", frozenset()), rule="r",
-                           preview=None, created_at=now, expires_at="9999-12-31T00:00:00.000000Z", seal="s",
+                           preview_json=None, created_at=now, expires_at="9999-12-31T00:00:00.000000Z", seal="s",
                            approvers=approvers, policy_reason="two people")
     proposal_id, created = await repo.create(proposal, _entry("staged", "alice"))
     assert created
@@ -336,30 +336,33 @@ async def test_an_approval_that_only_counted_is_told_so_even_when_another_comple
 
 class _RowRewrittenBeforeTheClaim:
     """The real repository; between the operator's seal-checked read and the claim, someone with write
-    access to the database swaps the proposal's arguments (keeping its seal, which they cannot forge)."""
+    access to the database swaps one of the proposal's sealed columns (keeping its seal, which they cannot forge)."""
 
-    def __init__(self, real: SqlProposalRepository, db: Database) -> None:
-        self._real, self._db = real, db
+    def __init__(self, real: SqlProposalRepository, db: Database, column: str, value: str) -> None:
+        self._real, self._db, self._column, self._value = real, db, column, value
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
     async def add_approval(self, proposal_id: int, *args: Any, **kwargs: Any) -> Any:
         async with self._db.transaction() as tx:
-            await tx.execute("UPDATE proposals SET arguments_json = ? WHERE id = ?",
-                             ('{"label":"swapped"}', proposal_id))
+            await tx.execute(f"UPDATE proposals SET {self._column} = ? WHERE id = ?", (self._value, proposal_id))
         return await self._real.add_approval(proposal_id, *args, **kwargs)
 
 
+@pytest.mark.parametrize(("column", "value"), [
+    ("arguments_json", '{"label":"swapped"}'),
+    ("preview_json", '{"label": "one-original", "note": "already recorded"}'),  # what the operator was shown
+])
 async def test_a_row_rewritten_between_the_operators_read_and_the_claim_is_not_claimed_and_runs_nothing(
-    quorum_env: dict[str, str],
+    quorum_env: dict[str, str], column: str, value: str
 ) -> None:
     from mcp_knecht.core.approval import ApprovalService, Operator
     from mcp_knecht.errors import TamperedError
 
     [proposal_id] = await _stage(quorum_env, "one-original")
     async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
-        racing = ApprovalService(_RowRewrittenBeforeTheClaim(app.proposals, app.db),  # type: ignore[arg-type]
+        racing = ApprovalService(_RowRewrittenBeforeTheClaim(app.proposals, app.db, column, value),  # type: ignore[arg-type]
                                  app.gate, app.audit, app.keys)
         with pytest.raises(TamperedError, match="fails its seal"):
             await racing.approve(proposal_id, Operator("bob"))

@@ -1,10 +1,10 @@
 """A proposal's row written around the store with a value of a kind mcp-knecht never writes — bytes, a
 seal beyond ASCII, text that is no JSON where JSON belongs, a quorum size that is no number — fails no
 read but its own: the agent's listing and reads, the operators' listing (in process and `knecht-approve
-list`) and the watcher go on for everyone. A sealed value so changed is refused as any rewritten row is
-(audited, never run); an unsealed one is shown as it was stored. An audit row so written is named by
-`audit verify`, which goes on, and listed by `audit list`; a notification so written stops no other. On
-both stores, where the store takes the value at all."""
+list`) and the watcher go on for everyone. A sealed value so changed (the preview an operator reads is
+one) is refused as any rewritten row is (audited, never run); an unsealed one is shown as it was stored.
+An audit row so written is named by `audit verify`, which goes on, and listed by `audit list`; a
+notification so written stops no other. On both stores, where the store takes the value at all."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ SEALED = {
     "seal beyond ASCII": ("seal", "'é'", ("sqlite", "postgresql")),
     "arguments shown that are no JSON": ("arguments_shown", "'garbage'", ("sqlite", "postgresql")),
     "arguments that are no JSON": ("arguments_json", "'garbage'", ("sqlite", "postgresql")),
+    "preview showing another state": ("preview_json", """'{"label": "rewritten", "note": "already recorded"}'""",
+                                      ("sqlite", "postgresql")),
+    "preview that is no JSON": ("preview_json", "'garbage'", ("sqlite", "postgresql")),
+    "preview removed": ("preview_json", "NULL", ("sqlite", "postgresql")),
     "seal as bytes": ("seal", "x'00ff'", ("sqlite",)),
     "tool as bytes": ("tool", "x'00ff'", ("sqlite",)),
     "scopes as bytes": ("proposer_scopes", "x'00ff'", ("sqlite",)),
@@ -136,23 +140,54 @@ async def test_a_quorum_size_that_is_no_number_reads_as_one_and_the_seal_decides
     assert await _effects(staged) == ["one-key"]
 
 
-async def test_a_preview_or_result_that_is_no_json_is_shown_as_it_was_stored(
+async def test_a_preview_rewritten_is_refused_before_it_is_shown(staged: App, staged_env: dict[str, str]) -> None:
+    proposal_id = await _stage(staged, "rewritten")
+    await _rewrite(staged, "proposals", "preview_json", """'{"label": "rewritten", "note": "harmless"}'""", "id",
+                   proposal_id)
+    shown = await acli("knecht-approve", staged_env, "show", str(proposal_id))
+    assert shown.returncode == 1 and "fails its seal" in shown.stderr and "harmless" not in shown.stdout
+    assert await _tampered(staged, proposal_id) == 1
+    approving = await acli("knecht-approve", staged_env, "approve", str(proposal_id))
+    assert approving.returncode == 1 and "fails its seal" in approving.stderr
+    assert await _effects(staged) == []
+
+
+async def _seal_as_before_previews_were_sealed(app: App, proposal_id: int) -> None:
+    proposal = await app.proposals.get(proposal_id)
+    assert proposal is not None and proposal.preview_json is not None
+    assert app.keys.mac("seal", proposal.seal_text()) == proposal.seal  # staged now: the preview is sealed
+    await _rewrite(app, "proposals", "seal", f"'{app.keys.mac('seal', proposal.seal_text(with_preview=False))}'",
+                   "id", proposal_id)
+
+
+async def test_a_proposal_sealed_before_previews_were_still_runs_and_shows_its_preview_as_stored(
     staged: App, staged_env: dict[str, str]
 ) -> None:
-    waiting, done = await _stage(staged, "waiting"), await _stage(staged, "done")
+    older, rewritten = await _stage(staged, "older"), await _stage(staged, "rewritten")
+    for proposal_id in (older, rewritten):
+        await _seal_as_before_previews_were_sealed(staged, proposal_id)
+    await _rewrite(staged, "proposals", "preview_json", "'garbage'", "id", rewritten)
+
+    await _every_reader_goes_on(staged, staged_env, older, rewritten)
+    rewritten_read = await staged.proposals.get(rewritten)
+    assert rewritten_read is not None and rewritten_read.document()["preview"] == {"unreadable": "garbage"}
+    shown = await acli("knecht-approve", staged_env, "show", str(rewritten))
+    assert shown.returncode == 0 and "garbage" in shown.stdout, shown.stderr
+    assert (await testing.approve(staged, older)).status == "succeeded"
+    assert (await testing.approve(staged, rewritten)).status == "succeeded"  # its seal never covered the preview
+    assert await _effects(staged) == ["older", "rewritten"]
+    assert await _tampered(staged, older) == await _tampered(staged, rewritten) == 0
+
+
+async def test_a_result_that_is_no_json_is_shown_as_it_was_stored(staged: App, staged_env: dict[str, str]) -> None:
+    done = await _stage(staged, "done")
     assert (await testing.approve(staged, done)).status == "succeeded"
-    await _rewrite(staged, "proposals", "preview_json", "'garbage'", "id", waiting)
     await _rewrite(staged, "proposals", "result_json", "'[1, 2]'", "id", done)
 
-    await _every_reader_goes_on(staged, staged_env, waiting, done)
-    waiting_read = await staged.proposals.get(waiting)
-    assert waiting_read is not None and waiting_read.document()["preview"] == {"unreadable": "garbage"}
-    shown = await acli("knecht-approve", staged_env, "show", str(waiting))
-    assert shown.returncode == 0 and "garbage" in shown.stdout, shown.stderr
+    await _every_reader_goes_on(staged, staged_env, done)
     async with testing.connect(staged, testing.actor("alice", AGENT)) as client:
         read = await client.call_tool("get_proposal", {"id": done})
     assert read.structured_content is not None and read.structured_content["result"] == {"unreadable": "[1, 2]"}
-    assert (await testing.approve(staged, waiting)).status == "succeeded"  # the preview is not what runs
 
 
 # --- the audit log ---------------------------------------------------------------------------------

@@ -371,7 +371,7 @@ def _proposal(n: int) -> NewProposal:
         tool="record_effect", action=None, arguments_json=f'{{"label":"e{n}"}}', arguments_hash=f"{n:064x}",
         arguments_shown=f'{{"label":"e{n}"}}', rule="builtin:write",
         proposer=Actor("alice", "pytest", frozenset({"runs:write"})),
-        preview=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z", seal="",
+        preview_json=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z", seal="",
     )
 
 

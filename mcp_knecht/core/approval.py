@@ -104,7 +104,7 @@ class ApprovalService:
     # --- reading, with the seal checked --------------------------------------------------------------
 
     def seal_holds(self, proposal: Proposal) -> bool:
-        return (self._keys.verify("seal", proposal.seal_text(), proposal.seal)
+        return (any(self._keys.verify("seal", text, proposal.seal) for text in proposal.seal_texts())
                 and self._keys.verify("arguments", proposal.arguments_json, proposal.arguments_hash)
                 and all(self._approval_holds(proposal.id, proposal.seal, a) for a in proposal.approvals))
 
@@ -129,8 +129,8 @@ class ApprovalService:
         await self._audit.flush()
         return TamperedError(
             told or f"Proposal #{proposal.id} fails its seal: its row was changed outside mcp-knecht (arguments, "
-            "tool, proposer, scopes, quorum or an approval). It will not be shown or run; check the database and "
-            "`mcp-knecht audit verify`.")
+            "tool, proposer, scopes, quorum, preview or an approval). It will not be shown or run; check the "
+            "database and `mcp-knecht audit verify`.")
 
     @staticmethod
     def _not_pending(proposal: ProposalState | None, proposal_id: int | None = None) -> NotPendingError:

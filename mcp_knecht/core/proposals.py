@@ -29,15 +29,24 @@ QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "chan
 
 def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
               subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str, expires_at: str,
-              approvers: int = 1, policy_reason: str | None = None) -> str:
-    """Everything that decides what an approval runs, and who must approve it, as one text for the
-    seal's MAC. (A proposal needing one approver and giving no reason is sealed exactly as before
-    quorums existed, so older seals still hold; any other quorum or reason is part of the text.)"""
+              approvers: int = 1, policy_reason: str | None = None, preview_json: str | None = None) -> str:
+    """Everything that decides what an approval runs, who must approve it, and what the operator is shown
+    of the current state, as one text for the seal's MAC. (A proposal needing one approver, giving no
+    reason and showing no preview is sealed exactly as before quorums existed, so older seals still hold;
+    any other quorum or reason, and the preview as stored, are part of the text.)"""
     sealed: list[object] = [tool, action, arguments_json, arguments_hash, arguments_shown, subject, client,
                             sorted(scopes), rule, created_at, expires_at]
-    if approvers != 1 or policy_reason is not None:
+    if approvers != 1 or policy_reason is not None or preview_json is not None:
         sealed += [approvers, policy_reason]
+    if preview_json is not None:
+        sealed.append(preview_json)
     return canonical_json(sealed)
+
+
+def preview_text(preview: dict[str, Any] | None) -> str | None:
+    """A preview as the store keeps it, and the seal covers it: the text itself, so the seal never
+    depends on how JSON reads back."""
+    return json.dumps(preview, ensure_ascii=False) if preview is not None else None
 
 
 def person(name: str) -> str:
@@ -124,13 +133,23 @@ class Proposal(msgspec.Struct, frozen=True):
     """The reason of the rule that staged it, for the operator; sealed."""
     approvals: tuple[Approval, ...] = ()
     """The approvals recorded so far, oldest first."""
+    preview_json: str | None = None
+    """`preview` as stored; sealed, except by proposals staged before previews were (`seal_texts`)."""
 
-    def seal_text(self) -> str:
+    def seal_texts(self) -> tuple[str, ...]:
+        """The texts a seal of this proposal may be the MAC of: the one with its preview, and, when it has
+        one, the one without, which proposals staged before previews were sealed carry. Neither seal holds
+        for the other text, so a proposal staged since cannot be made to pass as an older one."""
+        sealed = self.seal_text()
+        return (sealed, self.seal_text(with_preview=False)) if self.preview_json is not None else (sealed,)
+
+    def seal_text(self, *, with_preview: bool = True) -> str:
         return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
                          arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
                          subject=self.proposer_subject, client=self.proposer_client, scopes=self.proposer_scopes,
                          rule=self.rule, created_at=self.created_at, expires_at=self.expires_at,
-                         approvers=self.approvers, policy_reason=self.policy_reason)
+                         approvers=self.approvers, policy_reason=self.policy_reason,
+                         preview_json=self.preview_json if with_preview else None)
 
     @property
     def approved_by(self) -> list[str]:
@@ -170,7 +189,7 @@ class Proposal(msgspec.Struct, frozen=True):
         the same call, as the same proposer, approved by the same quorum (no MAC to compute again)."""
         return (self.id, self.tool, self.action, self.arguments_json, self.arguments_hash, self.arguments_shown,
                 self.proposer_subject, self.proposer_client, self.proposer_scopes, self.rule, self.created_at,
-                self.expires_at, self.approvers, self.policy_reason, self.seal)
+                self.expires_at, self.approvers, self.policy_reason, self.preview_json, self.seal)
 
     def document(self) -> dict[str, Any]:
         """The proposal as operators see it (the decision API, `knecht-approve --json`)."""
@@ -220,7 +239,8 @@ class NewProposal(msgspec.Struct, frozen=True):
     arguments_shown: str
     proposer: Actor
     rule: str
-    preview: dict[str, Any] | None
+    preview_json: str | None
+    """The current state shown to operators, as `preview_text` wrote it (what the store keeps, and seals)."""
     created_at: str
     expires_at: str
     seal: str
@@ -232,7 +252,8 @@ class NewProposal(msgspec.Struct, frozen=True):
                          arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
                          subject=self.proposer.subject, client=self.proposer.client,
                          scopes=sorted(self.proposer.scopes), rule=self.rule, created_at=self.created_at,
-                         expires_at=self.expires_at, approvers=self.approvers, policy_reason=self.policy_reason)
+                         expires_at=self.expires_at, approvers=self.approvers, policy_reason=self.policy_reason,
+                         preview_json=self.preview_json)
 
 
 class Turn(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.gate import FrozenCall
 from mcp_knecht.core.keys import ServerKeys
-from mcp_knecht.core.proposals import NewProposal, ProposalRepository
+from mcp_knecht.core.proposals import NewProposal, ProposalRepository, preview_text
 from mcp_knecht.core.scrub import Scrubber
 from mcp_knecht.core.settings import DEFAULT_PROPOSAL_TTL
 from mcp_knecht.core.tools import ToolContext
@@ -58,7 +58,7 @@ class ProposalStager:
             arguments_shown=call.arguments_shown or call.arguments_json,
             proposer=actor,
             rule=call.decision.rule,
-            preview=preview,
+            preview_json=preview_text(preview),
             created_at=clock.timestamp(now),
             expires_at=expires,
             seal="",

@@ -14,7 +14,6 @@ and no event without its change).
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -52,7 +51,7 @@ def _proposal(row: Row, now: str, approvals: tuple[Approval, ...] = ()) -> Propo
         arguments_json=row["arguments_json"], arguments_hash=row["arguments_hash"],
         proposer_subject=row["proposer_subject"], proposer_client=row["proposer_client"],
         proposer_scopes=tuple(row["proposer_scopes"].split()), rule=row["rule"],
-        preview=json_object(row["preview_json"]),
+        preview=json_object(row["preview_json"]), preview_json=row["preview_json"],
         status=_effective_status(row, now),  # type: ignore[arg-type]
         created_at=row["created_at"], expires_at=clock.stored(row["expires_at"]),
         decided_by=row["decided_by"], decided_at=row["decided_at"], reason=row["reason"],
@@ -181,8 +180,7 @@ class SqlProposalRepository:
                     proposal.tool, proposal.action, proposal.arguments_json, arguments_hash,
                     proposal.arguments_shown, subject, proposal.proposer.client,
                     " ".join(sorted(proposal.proposer.scopes)), proposal.rule,
-                    json.dumps(proposal.preview, ensure_ascii=False) if proposal.preview is not None else None,
-                    proposal.created_at, proposal.expires_at, proposal.seal, proposal.approvers,
+                    proposal.preview_json, proposal.created_at, proposal.expires_at, proposal.seal, proposal.approvers,
                     proposal.policy_reason,
                 ),
             )
