@@ -9,6 +9,7 @@ notification so written stops no other. On both stores, where the store takes th
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -238,3 +239,59 @@ async def test_an_event_whose_facts_are_no_json_stops_no_other_notification(
     [told] = await webhook_receiver.wait_for(1)
     assert told.payload["data"]["id"] == beside and statuses[beside] == "delivered"
     assert statuses[rewritten] != "delivered"  # its message cannot be made: it fails alone, and gives up
+
+
+def _sqlite_shell(env: dict[str, str]) -> sqlite3.Connection:
+    """A connection as SQLite's own shell opens one: it does not enforce foreign keys."""
+    return sqlite3.connect(env["KNECHT_DATABASE_URL"].removeprefix("sqlite:///"), isolation_level=None)
+
+
+@SQLITE_ONLY  # PostgreSQL enforces the foreign key for every writer
+@pytest.mark.parametrize("change", [
+    "DELETE FROM notify_outbox WHERE proposal_id = ?",
+    "UPDATE notify_deliveries SET event_id = 'garbage' WHERE event_id = (SELECT id FROM notify_outbox"
+    " WHERE proposal_id = ?)",
+    "UPDATE notify_deliveries SET event_id = 999999 WHERE event_id = (SELECT id FROM notify_outbox"
+    " WHERE proposal_id = ?)",
+])
+async def test_a_delivery_whose_event_is_gone_is_given_up_and_stops_no_other_notification(
+    staged_env: dict[str, str], webhook_receiver: WebhookReceiver, change: str
+) -> None:
+    """Before, the claim read each delivery's event by its id and raised for one it did not find: the
+    delivery stayed due, was claimed first again in every round, and no notification went out again."""
+    env = configure(staged_env, FAST, webhook_receiver)
+    async with cli_app(env) as app, worker_for(app, env) as worker:
+        rewritten, beside = await stage(app, "rewritten"), await stage(app, "beside")
+        assert await outbox.route(app.db, worker._router) == 2
+        with _sqlite_shell(env) as shell:
+            shell.execute(change, (rewritten,))
+        await worker.run_once()
+        await worker.run_once()
+        statuses = {row["proposal_id"]: row["status"] for row in await deliveries(app)}
+        given_up = await app.db.fetch_all("SELECT status, last_error FROM notify_deliveries WHERE event_id NOT IN"
+                                          " (SELECT id FROM notify_outbox)")
+    [told] = await webhook_receiver.wait_for(1)
+    assert told.payload["data"]["id"] == beside and statuses == {beside: "delivered"}
+    assert given_up == [{"status": "failed", "last_error": outbox.NO_EVENT}]
+    shown = await acli("mcp-knecht", env, "notify", "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+
+
+@SQLITE_ONLY  # PostgreSQL's text columns hold no bytes
+@pytest.mark.parametrize("column", ["last_error", "destination", "status"])
+async def test_the_outbox_status_shows_a_delivery_rewritten_as_bytes(
+    staged_env: dict[str, str], webhook_receiver: WebhookReceiver, column: str
+) -> None:
+    env = configure(staged_env, FAST, webhook_receiver)
+    async with cli_app(env) as app, worker_for(app, env) as worker:
+        proposal_id = await stage(app, "rewritten")
+        assert await outbox.route(app.db, worker._router) == 1
+    with _sqlite_shell(env) as shell:  # the status column's CHECK holds for the shell too: its rule is off
+        shell.execute("PRAGMA ignore_check_constraints = ON")
+        shell.execute(f"UPDATE notify_deliveries SET attempts = 2, {column} = x'00ff'")
+    for arguments in (("--json",), ()):
+        shown = await acli("mcp-knecht", env, "notify", "status", *arguments)
+        assert shown.returncode == 0, shown.stderr
+    report = json.loads((await acli("mcp-knecht", env, "notify", "status", "--json")).stdout)
+    shown_values = [*report["deliveries"][0].values(), *(report["problems"][0].values() if report["problems"] else ())]
+    assert proposal_id and "\x00\ufffd" in shown_values

@@ -17,6 +17,7 @@ recorded only by the claim holder (`WHERE claimed_by = ? AND status = 'deliverin
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -31,8 +32,12 @@ from mcp_knecht.core.database import Database, Row, Transaction, by_keys
 from mcp_knecht.core.proposals import Proposal
 from mcp_knecht.core.stored_json import json_object
 from mcp_knecht.notify.events import EVENT_FOR_STATUS, snapshot
+from mcp_knecht.store.written_around import as_text
 
 ROUTE_BATCH = 200
+NO_EVENT = "its event is no longer in the outbox (changed outside mcp-knecht)"
+
+logger = logging.getLogger(__name__)
 
 
 def _skip_locked(db: Database) -> str:
@@ -146,14 +151,36 @@ async def _claim(tx: Transaction, db: Database, worker: str, lease: float, limit
     )
     if not rows:
         return []
-    source, match, params = by_keys(db.dialect, "notify_outbox o", "o.id", sorted({row["event_id"] for row in rows}))
-    events = {e["id"]: e for e in await tx.fetch_all(
-        f"SELECT o.id, o.uid, o.event, o.payload_json, o.created_at FROM {source} WHERE {match}", params)}
+    events = await _events_of(tx, db, rows)
+    if gone := [row for row in rows if row["event_id"] not in events]:
+        await _give_up_without_event(tx, gone)
+        rows = [row for row in rows if row["event_id"] in events]
     return [Claimed(id=row["id"], destination=row["destination"], attempts=row["attempts"],
                     uid=events[row["event_id"]]["uid"], event=events[row["event_id"]]["event"],
                     facts=_facts(events[row["event_id"]]),
                     created_at=events[row["event_id"]]["created_at"])
             for row in sorted(rows, key=lambda r: r["id"])]
+
+
+async def _events_of(tx: Transaction, db: Database, deliveries: list[Row]) -> dict[Any, Row]:
+    # An event id written around the store as no integer matches no event (and must not fail the sort).
+    ids = sorted({row["event_id"] for row in deliveries if type(row["event_id"]) is int})
+    if not ids:
+        return {}
+    source, match, params = by_keys(db.dialect, "notify_outbox o", "o.id", ids)
+    return {e["id"]: e for e in await tx.fetch_all(
+        f"SELECT o.id, o.uid, o.event, o.payload_json, o.created_at FROM {source} WHERE {match}", params)}
+
+
+async def _give_up_without_event(tx: Transaction, deliveries: list[Row]) -> None:
+    """Deliveries whose event is gone (deleted, or their event id rewritten, around the store: SQLite's
+    own shell does not enforce the foreign key) cannot be made. They fail for good here: left due, they
+    would be claimed first in every round, and fail it, so no notification would go out again."""
+    logger.warning("Notification deliveries %s name no event in the outbox (changed outside mcp-knecht); "
+                   "they are given up", ", ".join(str(row["id"]) for row in deliveries))
+    await tx.execute_many(
+        "UPDATE notify_deliveries SET status = 'failed', lease_until = NULL, last_error = ? WHERE id = ?",
+        [(NO_EVENT, row["id"]) for row in deliveries])
 
 
 async def claim(db: Database, worker: str, *, lease: float, limit: int) -> list[Claimed]:
@@ -275,6 +302,8 @@ async def status(db: Database, *, limit: int = 20) -> OutboxStatus:
     oldest = await db.fetch_one(
         "SELECT MIN(o.created_at) AS at FROM notify_deliveries d JOIN notify_outbox o ON o.id = d.event_id"
         " WHERE d.status IN ('pending', 'delivering')")
+    # `as_text`: a value written around the store as bytes is shown, and fails no `--json`.
     return OutboxStatus(unrouted=int(unrouted["n"]) if unrouted else 0,
-                        counts=[{**row, "n": int(row["n"])} for row in counts], problems=problems,
-                        oldest_waiting=oldest["at"] if oldest else None)
+                        counts=[{**as_text(row), "n": int(row["n"])} for row in counts],
+                        problems=[as_text(row) for row in problems],
+                        oldest_waiting=as_text(oldest)["at"] if oldest else None)
