@@ -78,9 +78,9 @@ async def _create(repo: SqlProposalRepository, n: int, approvers: int) -> int:
     now = timestamp()
     proposal = NewProposal(tool="t", action=None, arguments_json=f'{{"n":{n}}}', arguments_hash=f"h{n}",
                            arguments_shown=f'{{"n":{n}}}', proposer=Actor("alice", "c", frozenset()), rule="r",
-                           preview_json=None, created_at=now, expires_at="9999-12-31T00:00:00.000000Z", seal="s",
+                           preview_json=None, created_at=now, expires_at="9999-12-31T00:00:00.000000Z",
                            approvers=approvers, policy_reason="two people")
-    proposal_id, created = await repo.create(proposal, _entry("staged", "alice"))
+    proposal_id, created = await repo.create(proposal, _entry("staged", "alice"), lambda _: "s")
     assert created
     return proposal_id
 
@@ -257,12 +257,20 @@ async def test_a_lowered_quorum_or_a_forged_approval_fails_the_seal(quorum_env: 
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}
 
 
-def test_one_approver_and_no_reason_seal_exactly_as_before_quorums() -> None:
-    before = dict(tool="t", action=None, arguments_json="{}", arguments_hash="h", arguments_shown="{}",
-                  subject="s", client="c", scopes=["a"], rule="r", created_at="1", expires_at="2")
-    assert seal_text(**before) == '["t",null,"{}","h","{}","s","c",["a"],"r","1","2"]'  # type: ignore[arg-type]
-    assert seal_text(**before, approvers=2) != seal_text(**before)  # type: ignore[arg-type]
-    assert seal_text(**before, policy_reason="why") != seal_text(**before)  # type: ignore[arg-type]
+def test_the_older_seal_text_is_exactly_as_before_and_the_current_one_binds_id_quorum_and_preview() -> None:
+    call = dict(tool="t", action=None, arguments_json="{}", arguments_hash="h", arguments_shown="{}",
+                subject="s", client="c", scopes=["a"], rule="r", created_at="1", expires_at="2")
+    older = seal_text(proposal_id=None, **call)  # type: ignore[arg-type]
+    assert older == '["t",null,"{}","h","{}","s","c",["a"],"r","1","2"]'  # one approver, no reason: as before quorums
+    assert seal_text(proposal_id=None, **call, approvers=2) != older  # type: ignore[arg-type]
+    assert seal_text(proposal_id=None, **call, policy_reason="why") != older  # type: ignore[arg-type]
+    assert seal_text(proposal_id=None, **call, preview_json="{}") == older  # type: ignore[arg-type]
+
+    current = seal_text(proposal_id=7, **call)  # type: ignore[arg-type]
+    assert current == '["proposal",7,"t",null,"{}","h","{}","s","c",["a"],"r","1","2",1,null,null]'
+    variants = {seal_text(proposal_id=8, **call), seal_text(proposal_id=7, **call, preview_json="{}"),  # type: ignore[arg-type]
+                seal_text(proposal_id=7, **call, approvers=2), older}  # type: ignore[arg-type]
+    assert current not in variants and len(variants) == 4
 
 
 # --- the web page ----------------------------------------------------------------------------------------

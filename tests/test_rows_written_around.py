@@ -3,6 +3,7 @@ seal beyond ASCII, text that is no JSON where JSON belongs, a quorum size that i
 read but its own: the agent's listing and reads, the operators' listing (in process and `knecht-approve
 list`) and the watcher go on for everyone. A sealed value so changed (the preview an operator reads is
 one) is refused as any rewritten row is (audited, never run); an unsealed one is shown as it was stored.
+So is a sealed row copied into another: the seal binds the proposal's id.
 An audit row so written is named by `audit verify`, which goes on, and listed by `audit list`; a
 notification so written stops no other. On both stores, where the store takes the value at all."""
 
@@ -157,7 +158,7 @@ async def _seal_as_before_previews_were_sealed(app: App, proposal_id: int) -> No
     proposal = await app.proposals.get(proposal_id)
     assert proposal is not None and proposal.preview_json is not None
     assert app.keys.mac("seal", proposal.seal_text()) == proposal.seal  # staged now: the preview is sealed
-    await _rewrite(app, "proposals", "seal", f"'{app.keys.mac('seal', proposal.seal_text(with_preview=False))}'",
+    await _rewrite(app, "proposals", "seal", f"'{app.keys.mac('seal', proposal.seal_text(older=True))}'",
                    "id", proposal_id)
 
 
@@ -189,6 +190,70 @@ async def test_a_result_that_is_no_json_is_shown_as_it_was_stored(staged: App, s
     async with testing.connect(staged, testing.actor("alice", AGENT)) as client:
         read = await client.call_tool("get_proposal", {"id": done})
     assert read.structured_content is not None and read.structured_content["result"] == {"unreadable": "[1, 2]"}
+
+
+# --- sealed rows copied -----------------------------------------------------------------------------
+# A proposal's seal is bound to its id. Before, a sealed row copied into another held its seal: a call that
+# had run, staged again as a new pending row, ran a second time once approved.
+
+SEALED_COLUMNS = ("tool", "action", "arguments_json", "arguments_hash", "arguments_shown", "proposer_subject",
+          "proposer_client", "proposer_scopes", "rule", "preview_json", "created_at", "expires_at", "seal",
+          "approvers", "policy_reason")
+
+
+async def _copy_into_a_new_row(app: App, proposal_id: int) -> int:
+    columns = ", ".join(SEALED_COLUMNS)
+    async with app.db.transaction() as tx:
+        row = await tx.fetch_one(f"INSERT INTO proposals ({columns}, status) SELECT {columns}, 'pending'"
+                                 " FROM proposals WHERE id = ? RETURNING id", (proposal_id,))
+    assert row is not None
+    return int(row["id"])
+
+
+async def _copy_onto(app: App, source: int, target: int) -> None:
+    source_row = await app.db.fetch_one(f"SELECT {', '.join(SEALED_COLUMNS)} FROM proposals WHERE id = ?", (source,))
+    assert source_row is not None
+    async with app.db.transaction() as tx:
+        await tx.execute(f"UPDATE proposals SET {', '.join(f'{c} = ?' for c in SEALED_COLUMNS)} WHERE id = ?",
+                         (*source_row.values(), target))
+
+
+async def test_a_call_that_ran_copied_into_a_new_pending_row_does_not_run_again(
+    staged: App, staged_env: dict[str, str]
+) -> None:
+    ran = await _stage(staged, "once")
+    assert (await testing.approve(staged, ran)).status == "succeeded"
+    copy = await _copy_into_a_new_row(staged, ran)
+    with pytest.raises(TamperedError, match="fails its seal"):
+        await testing.approve(staged, copy)
+    shown = await acli("knecht-approve", staged_env, "show", str(copy))
+    assert shown.returncode == 1 and "fails its seal" in shown.stderr and shown.stdout == ""
+    assert await _effects(staged) == ["once"]
+    assert await _tampered(staged, copy) == 2 and await _tampered(staged, ran) == 0
+    state = await staged.proposals.state(copy)
+    assert state is not None and state.status == "pending"  # refused, nothing written to it
+
+
+async def test_one_proposals_call_put_into_anothers_row_does_not_run(
+    staged: App, staged_env: dict[str, str]
+) -> None:
+    harmless, dangerous = await _stage(staged, "harmless"), await _stage(staged, "dangerous")
+    rejected = await acli("knecht-approve", staged_env, "reject", str(dangerous), "--reason", "no", "--as", "bob")
+    assert rejected.returncode == 0, rejected.stderr
+    await _copy_onto(staged, dangerous, harmless)
+    approved = await acli("knecht-approve", staged_env, "approve", str(harmless), "--as", "bob")
+    assert approved.returncode == 1 and "fails its seal" in approved.stderr
+    assert await _effects(staged) == []
+    assert await _tampered(staged, harmless) == 1
+
+
+async def test_a_proposal_staged_now_is_sealed_under_its_own_id(staged: App) -> None:
+    first, second = await _stage(staged, "first"), await _stage(staged, "second")
+    for proposal_id in (first, second):
+        proposal = await staged.proposals.get(proposal_id)
+        assert proposal is not None and proposal.seal == staged.keys.mac("seal", proposal.seal_text())
+        assert proposal.seal_text().startswith(f'["proposal",{proposal_id},')
+    assert (await testing.approve(staged, second)).status == "succeeded"
 
 
 # --- the audit log ---------------------------------------------------------------------------------

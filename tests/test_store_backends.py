@@ -371,7 +371,7 @@ def _proposal(n: int) -> NewProposal:
         tool="record_effect", action=None, arguments_json=f'{{"label":"e{n}"}}', arguments_hash=f"{n:064x}",
         arguments_shown=f'{{"label":"e{n}"}}', rule="builtin:write",
         proposer=Actor("alice", "pytest", frozenset({"runs:write"})),
-        preview_json=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z", seal="",
+        preview_json=None, created_at=timestamp(), expires_at="9999-12-31T00:00:00.000000Z",
     )
 
 
@@ -381,7 +381,7 @@ def _decision(outcome: str, operator: str = "bob") -> AuditEntry:
 
 
 async def _create(repo: SqlProposalRepository, n: int) -> int:
-    proposal_id, created = await repo.create(_proposal(n), _decision("staged", "alice"))
+    proposal_id, created = await repo.create(_proposal(n), _decision("staged", "alice"), lambda _: "")
     assert created
     return proposal_id
 

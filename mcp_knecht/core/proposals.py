@@ -27,19 +27,24 @@ DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired
 QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "changed", "claimed_before"]
 
 
-def seal_text(*, tool: str, action: str | None, arguments_json: str, arguments_hash: str, arguments_shown: str | None,
-              subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str, expires_at: str,
-              approvers: int = 1, policy_reason: str | None = None, preview_json: str | None = None) -> str:
+def seal_text(*, proposal_id: int | None, tool: str, action: str | None, arguments_json: str, arguments_hash: str,
+              arguments_shown: str | None, subject: str, client: str, scopes: Sequence[str], rule: str, created_at: str,
+              expires_at: str, approvers: int = 1, policy_reason: str | None = None,
+              preview_json: str | None = None) -> str:
     """Everything that decides what an approval runs, who must approve it, and what the operator is shown
-    of the current state, as one text for the seal's MAC. (A proposal needing one approver, giving no
-    reason and showing no preview is sealed exactly as before quorums existed, so older seals still hold;
-    any other quorum or reason, and the preview as stored, are part of the text.)"""
+    of the current state (the preview as stored), bound to the proposal's id, as one text for the seal's
+    MAC. Bound to its id, a sealed row copied into another (a call run once, staged again by someone who
+    can write the database) fails its seal.
+
+    `proposal_id=None` gives the text of the proposals staged before ids and previews were sealed, so
+    their seals still hold: a proposal needing one approver and giving no reason is sealed there exactly
+    as before quorums existed."""
     sealed: list[object] = [tool, action, arguments_json, arguments_hash, arguments_shown, subject, client,
                             sorted(scopes), rule, created_at, expires_at]
-    if approvers != 1 or policy_reason is not None or preview_json is not None:
+    if proposal_id is not None:  # "proposal" first: no older text starts with a name and then a number
+        return canonical_json(["proposal", proposal_id, *sealed, approvers, policy_reason, preview_json])
+    if approvers != 1 or policy_reason is not None:
         sealed += [approvers, policy_reason]
-    if preview_json is not None:
-        sealed.append(preview_json)
     return canonical_json(sealed)
 
 
@@ -136,20 +141,19 @@ class Proposal(msgspec.Struct, frozen=True):
     preview_json: str | None = None
     """`preview` as stored; sealed, except by proposals staged before previews were (`seal_texts`)."""
 
-    def seal_texts(self) -> tuple[str, ...]:
-        """The texts a seal of this proposal may be the MAC of: the one with its preview, and, when it has
-        one, the one without, which proposals staged before previews were sealed carry. Neither seal holds
-        for the other text, so a proposal staged since cannot be made to pass as an older one."""
-        sealed = self.seal_text()
-        return (sealed, self.seal_text(with_preview=False)) if self.preview_json is not None else (sealed,)
+    def seal_texts(self) -> tuple[str, str]:
+        """The texts a seal of this proposal may be the MAC of: the one bound to its id (with its preview),
+        and the one proposals staged before that carry. No seal holds for both, so a proposal staged since
+        cannot be made to pass as an older one."""
+        return self.seal_text(), self.seal_text(older=True)
 
-    def seal_text(self, *, with_preview: bool = True) -> str:
-        return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
-                         arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
-                         subject=self.proposer_subject, client=self.proposer_client, scopes=self.proposer_scopes,
-                         rule=self.rule, created_at=self.created_at, expires_at=self.expires_at,
-                         approvers=self.approvers, policy_reason=self.policy_reason,
-                         preview_json=self.preview_json if with_preview else None)
+    def seal_text(self, *, older: bool = False) -> str:
+        return seal_text(proposal_id=None if older else self.id, tool=self.tool, action=self.action,
+                         arguments_json=self.arguments_json, arguments_hash=self.arguments_hash,
+                         arguments_shown=self.arguments_shown, subject=self.proposer_subject,
+                         client=self.proposer_client, scopes=self.proposer_scopes, rule=self.rule,
+                         created_at=self.created_at, expires_at=self.expires_at, approvers=self.approvers,
+                         policy_reason=self.policy_reason, preview_json=self.preview_json)
 
     @property
     def approved_by(self) -> list[str]:
@@ -243,17 +247,21 @@ class NewProposal(msgspec.Struct, frozen=True):
     """The current state shown to operators, as `preview_text` wrote it (what the store keeps, and seals)."""
     created_at: str
     expires_at: str
-    seal: str
     approvers: int = 1
     policy_reason: str | None = None
 
-    def seal_text(self) -> str:
-        return seal_text(tool=self.tool, action=self.action, arguments_json=self.arguments_json,
-                         arguments_hash=self.arguments_hash, arguments_shown=self.arguments_shown,
-                         subject=self.proposer.subject, client=self.proposer.client,
-                         scopes=sorted(self.proposer.scopes), rule=self.rule, created_at=self.created_at,
-                         expires_at=self.expires_at, approvers=self.approvers, policy_reason=self.policy_reason,
-                         preview_json=self.preview_json)
+    def seal_text(self, proposal_id: int) -> str:
+        """The text its seal is the MAC of, once the store has given it `proposal_id`."""
+        return seal_text(proposal_id=proposal_id, tool=self.tool, action=self.action,
+                         arguments_json=self.arguments_json, arguments_hash=self.arguments_hash,
+                         arguments_shown=self.arguments_shown, subject=self.proposer.subject,
+                         client=self.proposer.client, scopes=sorted(self.proposer.scopes), rule=self.rule,
+                         created_at=self.created_at, expires_at=self.expires_at, approvers=self.approvers,
+                         policy_reason=self.policy_reason, preview_json=self.preview_json)
+
+
+Sealer = Callable[[int], str]
+"""`seal(proposal_id) -> seal`: a new proposal's seal, under the id the store gives it."""
 
 
 class Turn(msgspec.Struct, frozen=True):
@@ -283,9 +291,10 @@ class ProposalRepository(Protocol):
     durably together with the audit row that records it; every read shows the effective status
     (an overdue pending proposal reads as `expired`)."""
 
-    async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
-        """Store a pending proposal and its `staged` audit row; `(id, False)` when an identical call
-        of the same proposer is pending already (its id; the row records that instead)."""
+    async def create(self, proposal: NewProposal, staged: AuditEntry, seal: Sealer) -> tuple[int, bool]:
+        """Store a pending proposal, sealed by `seal` under its new id, and its `staged` audit row;
+        `(id, False)` when an identical call of the same proposer is pending already (its id; the row
+        records that instead)."""
         ...
     async def get(self, proposal_id: int) -> Proposal | None: ...
     async def state(self, proposal_id: int) -> ProposalState | None:

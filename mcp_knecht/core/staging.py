@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Protocol
 
-from msgspec.structs import replace
-
 from mcp_knecht.core import clock
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
@@ -50,7 +48,7 @@ class ProposalStager:
         preview = await self._preview(call, actor)
         now = clock.now()
         expires = clock.timestamp(now + self._ttl)
-        unsealed = NewProposal(
+        proposal = NewProposal(
             tool=call.tool.name,
             action=call.action,
             arguments_json=call.arguments_json,
@@ -61,12 +59,11 @@ class ProposalStager:
             preview_json=preview_text(preview),
             created_at=clock.timestamp(now),
             expires_at=expires,
-            seal="",
             approvers=call.decision.approvers if call.decision.mode == "approve" else 1,
             policy_reason=call.decision.reason,
         )
-        sealed = replace(unsealed, seal=self._keys.mac("seal", unsealed.seal_text()))
-        proposal_id, created = await self._proposals.create(sealed, staged)
+        proposal_id, created = await self._proposals.create(
+            proposal, staged, lambda new_id: self._keys.mac("seal", proposal.seal_text(new_id)))
         return {
             "id": proposal_id,
             "status": "pending",

@@ -23,7 +23,15 @@ from msgspec.structs import replace
 from mcp_knecht.core import clock
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.database import Database, Row, Transaction, by_keys, exact_matches
-from mcp_knecht.core.proposals import Approval, NewProposal, Proposal, ProposalState, QuorumResult, Turn
+from mcp_knecht.core.proposals import (
+    Approval,
+    NewProposal,
+    Proposal,
+    ProposalState,
+    QuorumResult,
+    Sealer,
+    Turn,
+)
 from mcp_knecht.core.stored_json import json_object
 from mcp_knecht.store.audit_log import AuditChain
 from mcp_knecht.store.quorum import add_approval, approval, approvals_of, read_state
@@ -155,7 +163,7 @@ class SqlProposalRepository:
         if self._on_status is not None:
             await self._on_status(tx, proposal)
 
-    async def create(self, proposal: NewProposal, staged: AuditEntry) -> tuple[int, bool]:
+    async def create(self, proposal: NewProposal, staged: AuditEntry, seal: Sealer) -> tuple[int, bool]:
         async with self._db.transaction(durable=True) as tx:
             subject, arguments_hash = proposal.proposer.subject, proposal.arguments_hash
             await tx.lock(f"proposal-call:{subject}:{arguments_hash}")
@@ -180,12 +188,15 @@ class SqlProposalRepository:
                     proposal.tool, proposal.action, proposal.arguments_json, arguments_hash,
                     proposal.arguments_shown, subject, proposal.proposer.client,
                     " ".join(sorted(proposal.proposer.scopes)), proposal.rule,
-                    proposal.preview_json, proposal.created_at, proposal.expires_at, proposal.seal, proposal.approvers,
+                    proposal.preview_json, proposal.created_at, proposal.expires_at, "", proposal.approvers,
                     proposal.policy_reason,
                 ),
             )
             assert row is not None
             proposal_id = int(row["id"])
+            # The seal binds the id, which only the insert gives; no one reads the row before the commit.
+            row = {**row, "seal": seal(proposal_id)}
+            await tx.execute_with_next("UPDATE proposals SET seal = ? WHERE id = ?", (row["seal"], proposal_id))
             await self._changed(tx, row)  # before the audit chain takes its (global) lock
             await self._chain.append(tx, [replace(staged, proposal_id=proposal_id)])
         return proposal_id, True
