@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
 
@@ -141,11 +141,12 @@ class Proposal(msgspec.Struct, frozen=True):
     preview_json: str | None = None
     """`preview` as stored; sealed, except by proposals staged before previews were (`seal_texts`)."""
 
-    def seal_texts(self) -> tuple[str, str]:
+    def seal_texts(self) -> Iterator[str]:
         """The texts a seal of this proposal may be the MAC of: the one bound to its id (with its preview),
-        and the one proposals staged before that carry. No seal holds for both, so a proposal staged since
-        cannot be made to pass as an older one."""
-        return self.seal_text(), self.seal_text(older=True)
+        then (made only when asked: a seal that holds is checked once) the one proposals staged before that
+        carry. No seal holds for both, so a proposal staged since cannot be made to pass as an older one."""
+        yield self.seal_text()
+        yield self.seal_text(older=True)
 
     def seal_text(self, *, older: bool = False) -> str:
         return seal_text(proposal_id=None if older else self.id, tool=self.tool, action=self.action,
