@@ -499,6 +499,42 @@ async def test_a_proposal_written_back_to_pending_after_it_ran_is_refused_not_ru
     assert (verified.returncode == 0) == (also != "its approved audit row"), verified.stdout + verified.stderr
 
 
+async def test_a_proposal_written_back_to_pending_after_its_rejection_is_refused_not_run(
+    quorum_env: dict[str, str],
+) -> None:
+    """A rejection is as final as a claim: someone with write access to the database sets a rejected
+    proposal back to pending. Approving it is refused, audited and writes nothing, for a proposal that
+    needed one approval and for one whose first approval was recorded before another operator rejected it
+    (a second approval would complete that quorum)."""
+    from mcp_knecht.core.approval import Operator
+    from mcp_knecht.errors import TamperedError
+
+    [one, two] = await _stage(quorum_env, "one-rejected", "two-rejected")
+    async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
+        assert (await app.approvals.approve(two, Operator("bob"))).status == "pending"
+        for proposal_id in (one, two):
+            assert (await app.approvals.reject(proposal_id, Operator("carol"), "not now")).status == "rejected"
+        async with app.db.transaction() as tx:
+            for proposal_id in (one, two):
+                await tx.execute(WRITTEN_BACK.replace("error = NULL", "error = NULL, reason = NULL"), (proposal_id,))
+        for proposal_id in (one, two):
+            assert (await app.approvals.checked(proposal_id)).status == "pending"  # what the row says
+            with pytest.raises(TamperedError, match=f"#{proposal_id} was rejected before"):
+                await app.approvals.approve(proposal_id, Operator("dave"))
+            state = await app.proposals.state(proposal_id)
+            assert state is not None and state.status == "pending" and state.decided_by is None  # nothing written
+            people = await app.db.fetch_all("SELECT person FROM proposal_approvals WHERE proposal_id = ?",
+                                            (proposal_id,))
+            assert "dave" not in {row["person"] for row in people}
+            tampered = await app.db.fetch_all(
+                "SELECT subject, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
+            assert [(row["subject"], json.loads(row["detail"])["problem"]) for row in tampered] == [
+                ("local:dave", "rejected before, status written back to pending")]
+    refused = await acli("knecht-approve", quorum_env, "approve", str(one), "--as", "erin")
+    assert refused.returncode == 1 and "was rejected before" in refused.stderr
+    assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}
+
+
 async def test_an_approval_reads_its_own_proposals_audit_rows_however_long_the_log(database_url: str) -> None:
     """Whether a proposal was approved before is looked up among that proposal's own audit rows (the
     index by proposal), not by walking the log's `approved` rows in order until one is its: that made

@@ -177,6 +177,11 @@ class ApprovalService:
                 operator, proposal, "claimed before, status written back to pending",
                 f"Proposal #{proposal_id} was approved and run before: its row was written back to pending outside "
                 "mcp-knecht. It will not run again; check the database and `mcp-knecht audit verify`.")
+        if result.outcome == "rejected_before":
+            raise await self._tampered(
+                operator, proposal, "rejected before, status written back to pending",
+                f"Proposal #{proposal_id} was rejected before: its row was written back to pending outside "
+                "mcp-knecht. It will not run; check the database and `mcp-knecht audit verify`.")
         if result.outcome == "duplicate":
             current = await self.checked(proposal_id)
             raise AlreadyApprovedError(f"You approved proposal #{proposal_id} already ({current.quorum}).")

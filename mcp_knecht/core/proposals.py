@@ -24,7 +24,8 @@ Status = Literal["pending", "approved", "executing", "succeeded", "failed", "rej
 STATUSES: tuple[Status, ...] = ("pending", "approved", "executing", "succeeded", "failed", "rejected", "expired")
 OPEN: frozenset[str] = frozenset({"pending", "approved", "executing"})
 DECIDED: frozenset[str] = frozenset({"succeeded", "failed", "rejected", "expired"})
-QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "changed", "claimed_before"]
+QuorumOutcome = Literal["claimed", "recorded", "duplicate", "not_pending", "changed", "claimed_before",
+                        "rejected_before"]
 
 
 def seal_text(*, proposal_id: int | None, tool: str, action: str | None, arguments_json: str, arguments_hash: str,
@@ -329,7 +330,8 @@ class ProposalRepository(Protocol):
         `approved_as`: the proposal as the operator approved it (its seal checked); a claim of a row that
         differs from it (`Proposal.sealed`) is rolled back: `changed`. A proposal claimed once and written
         back to pending in the database (its earlier approvals complete the quorum, or the audit log holds
-        its `approved` row) is refused with nothing written: `claimed_before`."""
+        its `approved` row) is refused with nothing written: `claimed_before`; one rejected and written back
+        (the audit log holds its `rejected` row) likewise: `rejected_before`."""
         ...
     async def reject(self, proposal_id: int, operator: str, reason: str, now: str, audit: AuditEntry) -> bool: ...
     async def finish(self, proposal_id: int, *, succeeded: bool, result_json: str | None,

@@ -18,6 +18,8 @@ writes its row back to `pending` (the seal covers what would run, not the status
 (`claimed_before`, nothing written) when the approvals recorded before this one already complete the
 quorum, or when the audit log holds an `approved` row for it. To get past both, the writer must delete
 the approvals and that audit row, which breaks the audit chain (`mcp-knecht audit verify` names it).
+A rejection is as final: a proposal whose `rejected` row the audit log holds is not approved again
+(`rejected_before`, nothing written) when its row is written back to pending.
 
 Both UPDATEs are conditional on the proposal still being pending, so an approval never lands on a
 proposal a rejection or expiry committed first (on PostgreSQL the UPDATE waits for such a writer's row
@@ -56,6 +58,10 @@ class _ClaimedBefore(Exception):
     """Rolls the approval back: the proposal was claimed once already, and its row was written back to pending."""
 
 
+class _RejectedBefore(Exception):
+    """Rolls the approval back: the proposal was rejected, and its row was written back to pending."""
+
+
 def approval(row: Row, prefix: str = "") -> Approval:
     row = as_text(row)
     return Approval(operator=row[f"{prefix}operator"], person=row[f"{prefix}person"],
@@ -64,13 +70,14 @@ def approval(row: Row, prefix: str = "") -> Approval:
 
 _STATE = "SELECT id, status, expires_at, decided_by, decided_at FROM proposals WHERE id = ?"
 # What a claim reads, in its transaction: the proposal's state, its approvals, and whether it was approved
-# before. `l.outcome || ''`: an expression no index covers, so the planner reads the proposal's few audit rows
-# (`audit_by_proposal`). On `l.outcome` itself, MIN(l.id) tempts it to walk every `approved` row of the
-# log in id order (`audit_by_outcome`) until one is this proposal's: a decision that grew with the log.
+# or rejected before (`decided_as`: 'approved' wins, being the smaller). `l.outcome || ''`: an expression no
+# index covers, so the planner reads the proposal's few audit rows (`audit_by_proposal`). On `l.outcome`
+# itself, an aggregate tempts it to walk every `approved` row of the log in id order (`audit_by_outcome`)
+# until one is this proposal's: a decision that grew with the log.
 CLAIM_READ = (
     "SELECT p.status, p.expires_at, p.decided_by, p.decided_at, a.operator, a.person, a.approved_at, a.seal,"
-    " (SELECT MIN(l.id) FROM audit_log l WHERE l.proposal_id = p.id AND l.outcome || '' = 'approved')"
-    " AS approved_in"
+    " (SELECT MIN(l.outcome || '') FROM audit_log l WHERE l.proposal_id = p.id"
+    "  AND l.outcome || '' IN ('approved', 'rejected')) AS decided_as"
     " FROM proposals p LEFT JOIN proposal_approvals a ON a.proposal_id = p.id WHERE p.id = ? ORDER BY a.id"
 )
 
@@ -110,8 +117,10 @@ async def add_approval(
             if any(a.person == new.person for a in earlier):
                 return QuorumResult("duplicate")
             counted_before = [a for a in earlier if counts(a)]
-            if rows[0]["approved_in"] is not None or len({a.person for a in counted_before}) >= required:
+            if rows[0]["decided_as"] == "approved" or len({a.person for a in counted_before}) >= required:
                 raise _ClaimedBefore
+            if rows[0]["decided_as"] == "rejected":
+                raise _RejectedBefore
             # The approval and the UPDATE in one statement (where the store can): neither reads the other's table.
             insert = ("INSERT INTO proposal_approvals (proposal_id, operator, person, approved_at, seal)"
                       " VALUES (?, ?, ?, ?, ?)", (proposal_id, new.operator, new.person, new.approved_at, new.seal))
@@ -138,6 +147,8 @@ async def add_approval(
         return QuorumResult("changed")
     except _ClaimedBefore:
         return QuorumResult("claimed_before")
+    except _RejectedBefore:
+        return QuorumResult("rejected_before")
     if not completes:
         return QuorumResult("recorded", approvals=counted)
     return QuorumResult("claimed", claimed=claimed, approvals=counted)
