@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,7 @@ async def test_a_preview_rewritten_is_refused_before_it_is_shown(staged: App, st
     assert await _effects(staged) == []
 
 
-async def _seal_as_before_previews_were_sealed(app: App, proposal_id: int) -> None:
+async def _seal_as_before_this_release(app: App, proposal_id: int) -> None:
     proposal = await app.proposals.get(proposal_id)
     assert proposal is not None and proposal.preview_json is not None
     assert app.keys.mac("seal", proposal.seal_text()) == proposal.seal  # staged now: the preview is sealed
@@ -162,12 +163,12 @@ async def _seal_as_before_previews_were_sealed(app: App, proposal_id: int) -> No
                    "id", proposal_id)
 
 
-async def test_a_proposal_sealed_before_previews_were_still_runs_and_shows_its_preview_as_stored(
+async def test_a_proposal_sealed_as_before_this_release_still_runs_and_shows_its_preview_as_stored(
     staged: App, staged_env: dict[str, str]
 ) -> None:
     older, rewritten = await _stage(staged, "older"), await _stage(staged, "rewritten")
     for proposal_id in (older, rewritten):
-        await _seal_as_before_previews_were_sealed(staged, proposal_id)
+        await _seal_as_before_this_release(staged, proposal_id)
     await _rewrite(staged, "proposals", "preview_json", "'garbage'", "id", rewritten)
 
     await _every_reader_goes_on(staged, staged_env, older, rewritten)
@@ -197,8 +198,8 @@ async def test_a_result_that_is_no_json_is_shown_as_it_was_stored(staged: App, s
 # had run, staged again as a new pending row, ran a second time once approved.
 
 SEALED_COLUMNS = ("tool", "action", "arguments_json", "arguments_hash", "arguments_shown", "proposer_subject",
-          "proposer_client", "proposer_scopes", "rule", "preview_json", "created_at", "expires_at", "seal",
-          "approvers", "policy_reason")
+                  "proposer_client", "proposer_scopes", "rule", "preview_json", "created_at", "expires_at", "seal",
+                  "approvers", "policy_reason")
 
 
 async def _copy_into_a_new_row(app: App, proposal_id: int) -> int:
@@ -306,9 +307,9 @@ async def test_an_event_whose_facts_are_no_json_stops_no_other_notification(
     assert statuses[rewritten] != "delivered"  # its message cannot be made: it fails alone, and gives up
 
 
-def _sqlite_shell(env: dict[str, str]) -> sqlite3.Connection:
+def _sqlite_shell(env: dict[str, str]) -> closing[sqlite3.Connection]:
     """A connection as SQLite's own shell opens one: it does not enforce foreign keys."""
-    return sqlite3.connect(env["KNECHT_DATABASE_URL"].removeprefix("sqlite:///"), isolation_level=None)
+    return closing(sqlite3.connect(env["KNECHT_DATABASE_URL"].removeprefix("sqlite:///"), isolation_level=None))
 
 
 @SQLITE_ONLY  # PostgreSQL enforces the foreign key for every writer
@@ -349,9 +350,9 @@ async def test_the_outbox_status_shows_a_delivery_rewritten_as_bytes(
 ) -> None:
     env = configure(staged_env, FAST, webhook_receiver)
     async with cli_app(env) as app, worker_for(app, env) as worker:
-        proposal_id = await stage(app, "rewritten")
+        await stage(app, "rewritten")
         assert await outbox.route(app.db, worker._router) == 1
-    with _sqlite_shell(env) as shell:  # the status column's CHECK holds for the shell too: its rule is off
+    with _sqlite_shell(env) as shell:  # the status column's CHECK binds the shell too: switched off here
         shell.execute("PRAGMA ignore_check_constraints = ON")
         shell.execute(f"UPDATE notify_deliveries SET attempts = 2, {column} = x'00ff'")
     for arguments in (("--json",), ()):
@@ -359,4 +360,4 @@ async def test_the_outbox_status_shows_a_delivery_rewritten_as_bytes(
         assert shown.returncode == 0, shown.stderr
     report = json.loads((await acli("mcp-knecht", env, "notify", "status", "--json")).stdout)
     shown_values = [*report["deliveries"][0].values(), *(report["problems"][0].values() if report["problems"] else ())]
-    assert proposal_id and "\x00\ufffd" in shown_values
+    assert "\x00\ufffd" in shown_values
