@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from mcp_knecht.core.auth import TokenSettings, mint_token
+from mcp_knecht.store import open_database
 from tests.servers import http_server
 from tests.staging import AGENT, acli
 from tests.test_replicas import _client, _effects, replicas, shared_env  # noqa: F401  (fixtures)
@@ -125,6 +126,58 @@ async def test_knecht_approve_through_the_server_prints_what_the_direct_mode_pri
     assert missing.returncode == 2 and "KNECHT_OPERATOR_TOKEN" in missing.stderr
     rejected = await acli("knecht-approve", remote, "reject", str(second), "--reason", "later", "--json")
     assert rejected.returncode == 0 and json.loads(rejected.stdout)["decided_by"] == "bob"
+
+
+async def _rewrite_around_the_server(env: dict[str, str], *statements: tuple[str, tuple[object, ...]]) -> None:
+    db = await open_database(env["KNECHT_DATABASE_URL"], migrate=False)
+    try:
+        async with db.transaction() as tx:
+            for sql, params in statements:
+                await tx.execute(sql, params)
+    finally:
+        await db.close()
+
+
+COPIED = ("tool, action, arguments_json, arguments_hash, arguments_shown, proposer_subject, proposer_client,"
+          " proposer_scopes, rule, preview_json, created_at, expires_at, seal, approvers, policy_reason")
+
+
+async def test_a_proposal_rewritten_copied_or_unrejected_in_the_database_is_refused_over_the_api(
+    server: str, shared_env: dict[str, str]  # noqa: F811
+) -> None:
+    """What the seal and the audit log refuse in process is refused the same over HTTP (409 `tampered`)
+    and through `knecht-approve --server`: a preview rewritten, a call that ran copied into a new pending
+    row, a rejected proposal written back to pending. Nothing runs again."""
+    rewritten = await _stage(server, shared_env, "api-rewritten")
+    ran = await _stage(server, shared_env, "api-ran")
+    unrejected = await _stage(server, shared_env, "api-unrejected")
+    bob = _as(shared_env, "bob")
+    async with httpx.AsyncClient(base_url=server, timeout=60) as http:
+        assert (await http.post(f"/api/proposals/{ran}/approve", headers=bob)).json()["status"] == "succeeded"
+        refusal = await http.post(f"/api/proposals/{unrejected}/reject", headers=bob, json={"reason": "no"})
+        assert refusal.json()["status"] == "rejected"
+        await _rewrite_around_the_server(
+            shared_env,
+            ("UPDATE proposals SET preview_json = ? WHERE id = ?", ('{"label": "harmless"}', rewritten)),
+            (f"INSERT INTO proposals ({COPIED}, status) SELECT {COPIED}, 'pending' FROM proposals WHERE id = ?",
+             (ran,)),
+            ("UPDATE proposals SET status = 'pending', decided_by = NULL, decided_at = NULL, reason = NULL"
+             " WHERE id = ?", (unrejected,)))
+        copy = max(p["id"] for p in (await http.get("/api/proposals", headers=bob)).json()["proposals"])
+        assert copy > unrejected
+        for proposal_id in (rewritten, copy):
+            shown = await http.get(f"/api/proposals/{proposal_id}", headers=bob)
+            assert shown.status_code == 409 and shown.json()["error"]["code"] == "tampered", shown.text
+            assert "harmless" not in shown.text
+        for proposal_id, told in ((rewritten, "fails its seal"), (copy, "fails its seal"),
+                                  (unrejected, "was rejected before")):
+            approved = await http.post(f"/api/proposals/{proposal_id}/approve", headers=bob)
+            assert approved.status_code == 409 and approved.json()["error"]["code"] == "tampered", approved.text
+            assert told in approved.json()["error"]["message"]
+    remote = {**shared_env, "KNECHT_SERVER_URL": server, "KNECHT_OPERATOR_TOKEN": _token(shared_env, "carol")}
+    again = await acli("knecht-approve", remote, "approve", str(copy))
+    assert again.returncode == 1 and "fails its seal" in again.stderr
+    assert await _effects(shared_env["KNECHT_DATABASE_URL"]) == {"api-ran": 1}
 
 
 async def test_with_operator_auth_token_nothing_is_decided_without_a_verified_operator(
