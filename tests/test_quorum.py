@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_knecht.app import open_app
+from mcp_knecht.app import App, open_app
 from mcp_knecht.core.actor import Actor
 from mcp_knecht.core.audit import AuditEntry
 from mcp_knecht.core.clock import timestamp
@@ -453,7 +453,24 @@ async def test_operators_queued_behind_a_claim_are_told_by_it_not_by_the_row_whe
 # --- a proposal claimed once is never claimed again ------------------------------------------------
 
 WRITTEN_BACK = ("UPDATE proposals SET status = 'pending', decided_by = NULL, decided_at = NULL, started_at = NULL,"
-                " finished_at = NULL, result_json = NULL, error = NULL WHERE id = ?")
+                " finished_at = NULL, result_json = NULL, error = NULL, reason = NULL WHERE id = ?")
+
+
+async def _approval_refused_with_nothing_written(app: App, proposal_id: int, told: str, problem: str) -> None:
+    """dave's approval of a proposal written back to pending: refused as tampered (`told`), audited once with
+    `problem`, and neither the row nor the approvals changed."""
+    from mcp_knecht.core.approval import Operator
+    from mcp_knecht.errors import TamperedError
+
+    with pytest.raises(TamperedError, match=told):
+        await app.approvals.approve(proposal_id, Operator("dave"))
+    state = await app.proposals.state(proposal_id)
+    assert state is not None and state.status == "pending" and state.decided_by is None  # nothing written
+    people = await app.db.fetch_all("SELECT person FROM proposal_approvals WHERE proposal_id = ?", (proposal_id,))
+    assert "dave" not in {row["person"] for row in people}
+    tampered = await app.db.fetch_all(
+        "SELECT subject, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
+    assert [(row["subject"], json.loads(row["detail"])["problem"]) for row in tampered] == [("local:dave", problem)]
 
 
 @pytest.mark.parametrize("also", ["nothing else", "its approvals", "its approved audit row"])
@@ -465,7 +482,6 @@ async def test_a_proposal_written_back_to_pending_after_it_ran_is_refused_not_ru
     is refused, audited and writes nothing: what the approvals recorded before, or the audit log's
     `approved` row, shows it was claimed once."""
     from mcp_knecht.core.approval import Operator
-    from mcp_knecht.errors import TamperedError
 
     [one, two] = await _stage(quorum_env, "one-again", "two-again")
     async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
@@ -483,17 +499,9 @@ async def test_a_proposal_written_back_to_pending_after_it_ran_is_refused_not_ru
         for proposal_id in (one, two):
             shown = await app.approvals.checked(proposal_id)
             assert shown.status == "pending"  # what the row says; approving it is what is refused
-            with pytest.raises(TamperedError, match=f"#{proposal_id} was approved and run before"):
-                await app.approvals.approve(proposal_id, Operator("dave"))
-            state = await app.proposals.state(proposal_id)
-            assert state is not None and state.status == "pending" and state.decided_by is None  # nothing written
-            people = await app.db.fetch_all("SELECT person FROM proposal_approvals WHERE proposal_id = ?",
-                                            (proposal_id,))
-            assert "dave" not in {row["person"] for row in people}
-            tampered = await app.db.fetch_all(
-                "SELECT subject, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
-            assert [(row["subject"], json.loads(row["detail"])["problem"]) for row in tampered] == [
-                ("local:dave", "claimed before, status written back to pending")]
+            await _approval_refused_with_nothing_written(
+                app, proposal_id, f"#{proposal_id} was approved and run before",
+                "claimed before, status written back to pending")
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {"one-again": 1, "two-again": 1}
     verified = await acli("mcp-knecht", quorum_env, "audit", "verify")
     assert (verified.returncode == 0) == (also != "its approved audit row"), verified.stdout + verified.stderr
@@ -507,7 +515,6 @@ async def test_a_proposal_written_back_to_pending_after_its_rejection_is_refused
     needed one approval and for one whose first approval was recorded before another operator rejected it
     (a second approval would complete that quorum)."""
     from mcp_knecht.core.approval import Operator
-    from mcp_knecht.errors import TamperedError
 
     [one, two] = await _stage(quorum_env, "one-rejected", "two-rejected")
     async with open_app(load_settings(env=quorum_env), watch_policy=False) as app:
@@ -516,20 +523,12 @@ async def test_a_proposal_written_back_to_pending_after_its_rejection_is_refused
             assert (await app.approvals.reject(proposal_id, Operator("carol"), "not now")).status == "rejected"
         async with app.db.transaction() as tx:
             for proposal_id in (one, two):
-                await tx.execute(WRITTEN_BACK.replace("error = NULL", "error = NULL, reason = NULL"), (proposal_id,))
+                await tx.execute(WRITTEN_BACK, (proposal_id,))
         for proposal_id in (one, two):
             assert (await app.approvals.checked(proposal_id)).status == "pending"  # what the row says
-            with pytest.raises(TamperedError, match=f"#{proposal_id} was rejected before"):
-                await app.approvals.approve(proposal_id, Operator("dave"))
-            state = await app.proposals.state(proposal_id)
-            assert state is not None and state.status == "pending" and state.decided_by is None  # nothing written
-            people = await app.db.fetch_all("SELECT person FROM proposal_approvals WHERE proposal_id = ?",
-                                            (proposal_id,))
-            assert "dave" not in {row["person"] for row in people}
-            tampered = await app.db.fetch_all(
-                "SELECT subject, detail FROM audit_log WHERE proposal_id = ? AND outcome = 'tampered'", (proposal_id,))
-            assert [(row["subject"], json.loads(row["detail"])["problem"]) for row in tampered] == [
-                ("local:dave", "rejected before, status written back to pending")]
+            await _approval_refused_with_nothing_written(
+                app, proposal_id, f"#{proposal_id} was rejected before",
+                "rejected before, status written back to pending")
     refused = await acli("knecht-approve", quorum_env, "approve", str(one), "--as", "erin")
     assert refused.returncode == 1 and "was rejected before" in refused.stderr
     assert await _effects(quorum_env["KNECHT_DATABASE_URL"]) == {}

@@ -305,5 +305,11 @@ async def recent_entries(
     )
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = await db.fetch_all(f"SELECT * FROM audit_log {clause} ORDER BY id DESC LIMIT ?", (*params, limit))
-    # A row written around the store is listed as it reads: the listing is how an operator looks into it.
-    return [{**(readable := as_text(row)), "detail": json_object(readable["detail"]) or {}} for row in rows]
+    return [_listed(row) for row in rows]
+
+
+def _listed(row: Row) -> Row:
+    """An audit row as `audit list` shows it. One written around the store is listed as it reads: the listing
+    is how an operator looks into it."""
+    readable = as_text(row)
+    return {**readable, "detail": json_object(readable["detail"]) or {}}

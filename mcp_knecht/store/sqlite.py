@@ -447,30 +447,25 @@ class SQLiteDatabase:
         conn = await _connect(sqlite_path(self.url).as_posix())
         streamed = 0
         try:
-            try:
-                cursor = await conn.execute(sql, params)
-                while rows := await cursor.fetchmany(batch):
-                    for row in rows:
-                        yield row  # type: ignore[misc]
-                        streamed += 1
-                return
-            except sqlite3.Error as exc:
-                _let_go(exc)
-                if not _undecodable(exc):
-                    raise store_error("sqlite", f"Database statement failed: {exc}") from exc
-            # Text that is no UTF-8 (see `_Reader`): the same read again, decoded with replacement
+            # A read that meets text that is no UTF-8 (see `_Reader`) is made again, decoded with replacement
             # characters, from the first row not given yet (a stream's SQL orders its rows fully).
-            conn.text_factory = _lenient_text
-            try:
-                cursor = await conn.execute(sql, params)
-                while rows := await cursor.fetchmany(batch):
-                    for row in rows:
-                        if streamed:
-                            streamed -= 1
-                        else:
+            for lenient in (False, True):
+                conn.text_factory = _lenient_text if lenient else str
+                given_before = streamed
+                try:
+                    cursor = await conn.execute(sql, params)
+                    while rows := await cursor.fetchmany(batch):
+                        for row in rows:
+                            if given_before:
+                                given_before -= 1
+                                continue
                             yield row  # type: ignore[misc]
-            except sqlite3.Error as exc:
-                raise store_error("sqlite", f"Database statement failed: {exc}") from exc
+                            streamed += 1
+                    return
+                except sqlite3.Error as exc:
+                    _let_go(exc)
+                    if lenient or not _undecodable(exc):
+                        raise store_error("sqlite", f"Database statement failed: {exc}") from exc
         finally:
             await conn.close()
 
